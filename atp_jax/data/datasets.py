@@ -1,0 +1,400 @@
+"""Load table-QA examples and select the ones an order attack is meant for.
+
+Sources
+-------
+* JSONL files in the project schema, one object per line::
+
+      {"id": str, "dataset": "wtq"|"tatqa"|"fetaqa", "question": str,
+       "answers": [str, ...], "table": {"header": [str, ...], "rows": [[str, ...], ...]},
+       "meta": {...}}
+
+  ``dataset`` and ``meta`` are optional; the other keys are required.
+* :func:`load_dataset` by name: ``"sample"`` (about 180 WTQ dev questions bundled with
+  the package), ``"wtq"``, ``"tatqa"`` or ``"fetaqa"`` (read from a data directory laid
+  out as ``<data_dir>/<name>/<split>.jsonl``), or a path to a ``.jsonl`` file.
+* :func:`load_hf_dataset` for a Hugging Face Hub dataset, for users with hub access.
+
+Order-sensitive questions
+-------------------------
+The paper marks a question as order-sensitive when it matches
+``\\b(first|last|top|next|previous|above|below|before|after)\\b`` (case-insensitive).
+:func:`is_order_sensitive` applies that rule after removing a few fixed phrases in which
+the keyword names a quantity or attribute rather than a position; see
+:data:`ORDER_EXCLUSIONS` for each phrase and why.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import json
+import os
+import re
+import socket
+import urllib.parse
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from atp_jax.tables.table import Example, Table
+
+__all__ = [
+    "DATA_ENV_VAR",
+    "DATASET_NAMES",
+    "ORDER_KEYWORDS",
+    "ORDER_EXCLUSIONS",
+    "DatasetUnavailableError",
+    "example_from_dict",
+    "load_jsonl",
+    "load_dataset",
+    "load_hf_dataset",
+    "is_order_sensitive",
+    "filter_examples",
+]
+
+DATA_ENV_VAR = "ATP_JAX_DATA"
+"""Environment variable naming the directory that holds ``wtq/``, ``tatqa/``, ``fetaqa/``."""
+
+DATASET_NAMES: tuple[str, ...] = ("sample", "wtq", "tatqa", "fetaqa")
+
+_SAMPLE_FILE = "wtq_sample.jsonl"
+_REQUIRED_KEYS = ("id", "question", "answers", "table")
+
+
+class DatasetUnavailableError(RuntimeError):
+    """A dataset could not be obtained (missing files, no hub access, offline mode)."""
+
+
+# --------------------------------------------------------------------------- JSONL
+
+
+def example_from_dict(record: Mapping[str, Any]) -> Example:
+    """Build an :class:`Example` from one record of the JSONL schema.
+
+    Raises:
+        ValueError: naming the first missing or malformed key.
+        TypeError: for a cell or answer of the wrong type (from :class:`Table`/:class:`Example`).
+    """
+    if not isinstance(record, Mapping):
+        raise ValueError(f"expected a JSON object, got {type(record).__name__}")
+    missing = [key for key in _REQUIRED_KEYS if key not in record]
+    if missing:
+        raise ValueError(
+            f"missing key {missing[0]!r} (required: {', '.join(_REQUIRED_KEYS)})"
+        )
+    table = record["table"]
+    if not isinstance(table, Mapping) or "header" not in table or "rows" not in table:
+        raise ValueError("'table' must be an object with keys 'header' and 'rows'")
+    answers = record["answers"]
+    if not isinstance(answers, list):
+        raise ValueError(f"'answers' must be a list of strings, got {type(answers).__name__}")
+    meta = record.get("meta", {})
+    if not isinstance(meta, Mapping):
+        raise ValueError(f"'meta' must be an object, got {type(meta).__name__}")
+    return Example(
+        question=record["question"],
+        table=Table(table["header"], table["rows"]),
+        answers=tuple(answers),
+        id=record["id"],
+        meta=meta,
+        dataset=record.get("dataset", ""),
+    )
+
+
+def load_jsonl(path: str | os.PathLike[str]) -> list[Example]:
+    """Read examples from a JSONL file in the project schema (blank lines are skipped).
+
+    Raises:
+        FileNotFoundError: if ``path`` does not exist.
+        ValueError: for a line that is not valid JSON, lacks a required key, or holds a
+            malformed table; the message starts with ``<path>:<line number>:``.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no such JSONL file: {path}")
+    examples = []
+    with path.open(encoding="utf-8") as handle:
+        for line_number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(
+                    f"{path}:{line_number}: invalid JSON ({error.msg} at column {error.colno})"
+                ) from None
+            try:
+                examples.append(example_from_dict(record))
+            except (ValueError, TypeError) as error:
+                raise ValueError(f"{path}:{line_number}: {error}") from error
+    return examples
+
+
+def _bundled_sample() -> list[Example]:
+    resource = importlib.resources.files("atp_jax.data").joinpath(_SAMPLE_FILE)
+    with importlib.resources.as_file(resource) as path:
+        if not path.is_file():
+            raise DatasetUnavailableError(
+                f"the bundled sample {_SAMPLE_FILE} is missing from the installed package; "
+                "reinstall atp-jax, or rebuild it with `python -m atp_jax.data.make_sample`"
+            )
+        return load_jsonl(path)
+
+
+def load_dataset(
+    name_or_path: str | os.PathLike[str],
+    split: str = "dev",
+    data_dir: str | os.PathLike[str] | None = None,
+) -> list[Example]:
+    """Load a dataset by name or from a ``.jsonl`` path.
+
+    Args:
+        name_or_path: ``"sample"`` (bundled WTQ dev subset; only ``split="dev"``),
+            ``"wtq"``, ``"tatqa"``, ``"fetaqa"``, or a path to a ``.jsonl`` file (then
+            ``split`` and ``data_dir`` are ignored).
+        split: the split file to read for a named dataset, e.g. ``"dev"``.
+        data_dir: directory containing ``<name>/<split>.jsonl``; defaults to the
+            ``ATP_JAX_DATA`` environment variable.
+
+    Raises:
+        DatasetUnavailableError: when no data directory is configured or the file is
+            missing; the message says where the files are expected.
+        ValueError: for an unknown name, or a malformed file (see :func:`load_jsonl`).
+    """
+    if isinstance(name_or_path, os.PathLike) or str(name_or_path).endswith(".jsonl"):
+        return load_jsonl(name_or_path)
+    name = str(name_or_path).lower()
+    if name not in DATASET_NAMES:
+        raise ValueError(
+            f"unknown dataset {name_or_path!r}: use one of {', '.join(DATASET_NAMES)} "
+            "or a path ending in .jsonl"
+        )
+    if name == "sample":
+        if split != "dev":
+            raise ValueError(f"the bundled sample has only the 'dev' split, not {split!r}")
+        return _bundled_sample()
+
+    root = data_dir if data_dir is not None else os.environ.get(DATA_ENV_VAR)
+    if not root:
+        raise DatasetUnavailableError(
+            f"no data directory for {name!r}: pass data_dir=... or set {DATA_ENV_VAR} to a "
+            f"directory laid out as <dir>/{name}/{split}.jsonl (also wtq/, tatqa/, fetaqa/); "
+            "load_dataset('sample') works without one"
+        )
+    path = Path(root) / name / f"{split}.jsonl"
+    if not path.is_file():
+        source = "data_dir" if data_dir is not None else DATA_ENV_VAR
+        raise DatasetUnavailableError(
+            f"{path} not found ({source}={root}); put the {name} {split} split there as "
+            f"{name}/{split}.jsonl in the project JSONL schema"
+        )
+    return load_jsonl(path)
+
+
+# --------------------------------------------------------------------------- Hub
+
+_OFFLINE_VARS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
+_PROXY_VARS = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
+
+
+def _env_true(name: str) -> bool:
+    return os.environ.get(name, "").strip().upper() in {"1", "ON", "YES", "TRUE"}
+
+
+def _probe_hub(timeout: float) -> None:
+    """Fail within ``timeout`` seconds when the hub endpoint cannot be reached.
+
+    Without this, a network that silently drops packets makes the first hub request
+    wait for the library's own (longer) timeouts. Skipped behind a proxy, where a direct
+    connection says nothing about reachability.
+    """
+    if any(os.environ.get(var) for var in _PROXY_VARS):
+        return
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    parsed = urllib.parse.urlsplit(endpoint)
+    host = parsed.hostname
+    if not host:
+        raise DatasetUnavailableError(f"HF_ENDPOINT={endpoint!r} is not a URL")
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            pass
+    except OSError as error:
+        raise DatasetUnavailableError(
+            f"cannot reach the Hugging Face Hub at {endpoint} within {timeout:g}s ({error}); "
+            "check the network, or load local files with load_dataset(name, data_dir=...)"
+        ) from None
+
+
+def _hub_record_to_example(
+    record: Mapping[str, Any], index: int, hub_id: str, dataset: str
+) -> Example:
+    """Map common hub table-QA schemas (WTQ-style ``table`` dict or FeTaQA ``table_array``)."""
+    if "question" not in record:
+        raise ValueError("no 'question' field")
+    if "answers" in record:
+        answers = record["answers"]
+    elif "answer" in record:
+        answers = record["answer"]
+    else:
+        raise ValueError("no 'answers' or 'answer' field")
+    if not isinstance(answers, list):
+        answers = [answers]
+    table = record.get("table")
+    if isinstance(table, Mapping) and "header" in table and "rows" in table:
+        header, rows = table["header"], table["rows"]
+    elif isinstance(record.get("table_array"), list) and record["table_array"]:
+        header, *rows = record["table_array"]
+    else:
+        raise ValueError("no 'table' {header, rows} or 'table_array' field")
+    id_value = next((record[k] for k in ("id", "uid", "feta_id") if k in record), None)
+    used = {"question", "answers", "answer", "table", "table_array", "id", "uid", "feta_id"}
+    return Example(
+        question=record["question"],
+        table=Table(header, rows),
+        answers=tuple(str(a) for a in answers),
+        id=str(id_value) if id_value is not None else f"{hub_id}:{index}",
+        meta={k: v for k, v in record.items() if k not in used},
+        dataset=dataset,
+    )
+
+
+def load_hf_dataset(
+    hub_id: str,
+    split: str,
+    *,
+    config: str | None = None,
+    dataset: str = "",
+    converter: Callable[[Mapping[str, Any], int], Example] | None = None,
+    connect_timeout: float = 5.0,
+) -> list[Example]:
+    """Load a Hugging Face Hub dataset with the ``datasets`` library.
+
+    Records are converted with ``converter(record, index)``; the default handles
+    records with ``question``, ``answers``/``answer`` and either ``table: {header, rows}``
+    (e.g. WikiTableQuestions) or ``table_array`` (FeTaQA, first row = header).
+
+    The call fails fast instead of hanging: in offline mode (``HF_HUB_OFFLINE``,
+    ``HF_DATASETS_OFFLINE`` or ``TRANSFORMERS_OFFLINE`` set) only the local cache is
+    tried; online, the hub endpoint (``HF_ENDPOINT``) must accept a connection within
+    ``connect_timeout`` seconds. Later requests use the hub library's own timeouts
+    (``HF_HUB_ETAG_TIMEOUT``, ``HF_HUB_DOWNLOAD_TIMEOUT``, 10 s by default).
+
+    Raises:
+        DatasetUnavailableError: offline without a cached copy, or hub unreachable.
+        ValueError: when a record cannot be converted (names the record and its keys).
+    """
+    offline = any(_env_true(var) for var in _OFFLINE_VARS)
+    if not offline:
+        _probe_hub(connect_timeout)
+    import datasets  # Imported lazily: it is slow to import and only needed here.
+
+    try:
+        hub_data = datasets.load_dataset(hub_id, config, split=split)
+    except Exception as error:  # The library raises many types; all mean "not available".
+        if offline:
+            raise DatasetUnavailableError(
+                f"{hub_id!r} (split {split!r}) is not in the local Hugging Face cache and "
+                "offline mode is on; unset HF_HUB_OFFLINE/HF_DATASETS_OFFLINE on a machine "
+                "with hub access, or use load_dataset(name, data_dir=...) with local files "
+                f"({type(error).__name__}: {error})"
+            ) from None
+        raise DatasetUnavailableError(
+            f"could not load {hub_id!r} split {split!r} from the hub: "
+            f"{type(error).__name__}: {error}"
+        ) from error
+
+    convert = converter or (lambda rec, i: _hub_record_to_example(rec, i, hub_id, dataset))
+    examples = []
+    for index, record in enumerate(hub_data):
+        try:
+            examples.append(convert(record, index))
+        except (ValueError, TypeError, KeyError) as error:
+            raise ValueError(
+                f"record {index} of {hub_id!r} could not be converted ({error}); its keys are "
+                f"{sorted(record)}; pass converter=... to map this schema to Example"
+            ) from error
+    return examples
+
+
+# --------------------------------------------------------------------------- filters
+
+ORDER_KEYWORDS = re.compile(
+    r"\b(first|last|top|next|previous|above|below|before|after)\b", re.IGNORECASE
+)
+"""The paper's order-keyword rule."""
+
+ORDER_EXCLUSIONS: tuple[tuple[re.Pattern[str], str], ...] = (
+    (
+        re.compile(r"\b(?:before|after)[\s-]+(?:income[\s-]+)?tax(?:es|ation)?\b", re.IGNORECASE),
+        "financial line items such as 'income before income taxes' or 'profit after tax' "
+        "name an amount, not a position (TAT-QA)",
+    ),
+    (
+        re.compile(r"\bbefore\s+interest\b", re.IGNORECASE),
+        "'earnings before interest and taxes' (EBIT/EBITDA) is a line item, not a position",
+    ),
+    (
+        re.compile(r"\btop\s+speeds?\b", re.IGNORECASE),
+        "'top speed' is a vehicle attribute (WTQ), not the top of the table",
+    ),
+)
+"""Phrases removed before the keyword rule is applied, with the reason for each.
+
+The list is kept short on purpose: only phrases whose keyword can never refer to row or
+column position. "first name"/"last name" are *not* excluded because WTQ also asks
+"what is the first name on the list?", which is about order.
+"""
+
+
+def is_order_sensitive(question: str) -> bool:
+    """True when the question uses an order keyword outside the excluded phrases.
+
+    >>> is_order_sensitive("which team won previous to crettyard?")
+    True
+    >>> is_order_sensitive("What was the change in income before income taxes?")
+    False
+    >>> is_order_sensitive("what was the first income before taxes listed?")
+    True
+    """
+    text = question
+    for pattern, _reason in ORDER_EXCLUSIONS:
+        text = pattern.sub(" ", text)
+    return ORDER_KEYWORDS.search(text) is not None
+
+
+def filter_examples(
+    examples: Iterable[Example],
+    order_sensitive: bool | None = None,
+    max_rows: int | None = None,
+    max_cols: int | None = None,
+    max_cell_chars: int | None = None,
+) -> list[Example]:
+    """Keep the examples that pass every given criterion (``None`` disables one).
+
+    Args:
+        examples: examples to filter; the order is kept.
+        order_sensitive: ``True`` keeps only order-sensitive questions (see
+            :func:`is_order_sensitive`), ``False`` only the others.
+        max_rows: the largest number of data rows allowed (the header is not counted).
+        max_cols: the largest number of columns allowed.
+        max_cell_chars: the longest cell allowed, header included, in characters.
+    """
+    limits = {"max_rows": max_rows, "max_cols": max_cols, "max_cell_chars": max_cell_chars}
+    for name, limit in limits.items():
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+            raise ValueError(f"{name} must be a non-negative int or None, got {limit!r}")
+    kept = []
+    for example in examples:
+        table = example.table
+        if order_sensitive is not None and is_order_sensitive(example.question) != order_sensitive:
+            continue
+        if max_rows is not None and table.n_rows > max_rows:
+            continue
+        if max_cols is not None and table.n_cols > max_cols:
+            continue
+        if max_cell_chars is not None and any(
+            len(cell) > max_cell_chars for row in table.cells for cell in row
+        ):
+            continue
+        kept.append(example)
+    return kept

@@ -1,0 +1,219 @@
+"""Immutable tables and question-answering examples.
+
+A :class:`Table` is a header row plus data rows of string cells. The attack only ever
+reorders a table, so the type is built around one operation, :meth:`Table.permute`,
+which reorders data rows and columns while the header stays the first row.
+
+Cell types
+----------
+Cells are stored as ``str``. Integers and floats (JSON numbers are common in table
+dumps) are converted with ``str()``. Every other type is rejected with a ``TypeError``
+that names the cell: ``str(None)`` would silently become the text ``"None"`` and
+``str([...])`` a Python list literal, and neither is what the author of the table meant.
+``bool`` is rejected too, although it is an ``int`` subclass, because ``"True"`` in a
+cell almost always means a bug upstream.
+"""
+
+from __future__ import annotations
+
+import operator
+import types
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Table", "Example"]
+
+
+def _coerce_cell(value: Any, where: str) -> str:
+    """Return ``value`` as a cell string, or raise ``TypeError`` naming ``where``."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(
+            f"{where} is {type(value).__name__} {value!r}; cells must be str "
+            "(int and float are converted with str()). Convert the value before "
+            "building the Table, e.g. use '' for a missing cell."
+        )
+    return str(value)
+
+
+def _coerce_row(row: Any, where: str) -> tuple[str, ...]:
+    """Return ``row`` as a tuple of cell strings; reject strings and non-sequences."""
+    # A bare string is a Sequence too; accepting it would split "abc" into three cells.
+    if isinstance(row, (str, bytes)) or not isinstance(row, Sequence):
+        raise TypeError(
+            f"{where} must be a list or tuple of cells, got {type(row).__name__} {row!r}"
+        )
+    return tuple(_coerce_cell(cell, f"{where}, cell {j}") for j, cell in enumerate(row))
+
+
+def _check_permutation(perm: Any, size: int, name: str) -> tuple[int, ...]:
+    """Validate that ``perm`` is a permutation of ``range(size)`` and return it as ints."""
+    if isinstance(perm, (str, bytes)):
+        raise TypeError(f"{name} must be a sequence of ints, got a string {perm!r}")
+    try:
+        items = list(perm)
+    except TypeError:
+        raise TypeError(f"{name} must be a sequence of ints, got {type(perm).__name__}") from None
+    values = []
+    for k, item in enumerate(items):
+        if isinstance(item, bool):
+            raise TypeError(f"{name}[{k}] is a bool; expected an int index")
+        try:
+            # operator.index accepts int and NumPy integers but refuses floats like 1.0.
+            values.append(operator.index(item))
+        except TypeError:
+            raise TypeError(
+                f"{name}[{k}] is {type(item).__name__} {item!r}; expected an int index"
+            ) from None
+    if len(values) != size:
+        raise ValueError(
+            f"{name} has length {len(values)} but the table has {size}; "
+            f"pass a permutation of 0..{size - 1}"
+        )
+    if sorted(values) != list(range(size)):
+        raise ValueError(
+            f"{name}={values} is not a permutation of 0..{size - 1} "
+            "(every index must appear exactly once)"
+        )
+    return tuple(values)
+
+
+@dataclass(frozen=True)
+class Table:
+    """A header row plus data rows of string cells.
+
+    Lists are accepted and stored as tuples, so a ``Table`` is immutable and hashable.
+
+    Attributes:
+        header: the column names (row 0 of :attr:`cells`). Names may be empty or repeated.
+        rows: the data rows; every row is exactly as wide as the header.
+
+    Raises:
+        ValueError: if the header has no column, or a row's width differs from the
+            header's (the message names the data-row index and both widths).
+        TypeError: if a row is not a list/tuple or a cell is not ``str``/``int``/``float``.
+    """
+
+    header: tuple[str, ...]
+    rows: tuple[tuple[str, ...], ...]
+
+    def __post_init__(self) -> None:
+        header = _coerce_row(self.header, "header")
+        if not header:
+            raise ValueError("a Table needs at least one column; the header is empty")
+        if isinstance(self.rows, (str, bytes)) or not isinstance(self.rows, Sequence):
+            raise TypeError(f"rows must be a list of rows, got {type(self.rows).__name__}")
+        rows = tuple(_coerce_row(row, f"row {i}") for i, row in enumerate(self.rows))
+        for i, row in enumerate(rows):
+            if len(row) != len(header):
+                raise ValueError(
+                    f"row {i} has {len(row)} cells but the header has {len(header)}; "
+                    "pad or trim the row so that every row is as wide as the header"
+                )
+        # The dataclass is frozen; object.__setattr__ is the sanctioned way to normalise
+        # fields inside __post_init__.
+        object.__setattr__(self, "header", header)
+        object.__setattr__(self, "rows", rows)
+
+    @property
+    def n_rows(self) -> int:
+        """Number of data rows (the header is not counted)."""
+        return len(self.rows)
+
+    @property
+    def n_cols(self) -> int:
+        """Number of columns."""
+        return len(self.header)
+
+    @property
+    def cells(self) -> tuple[tuple[str, ...], ...]:
+        """All rows including the header as row 0: ``cells[i][j]``, ``0 <= i <= n_rows``."""
+        return (self.header, *self.rows)
+
+    def permute(
+        self,
+        row_perm: Sequence[int] | None = None,
+        col_perm: Sequence[int] | None = None,
+    ) -> Table:
+        """Reorder data rows and columns; the header stays the first row.
+
+        Slot ``(a, b)`` of the result holds the cell from data row ``row_perm[a]`` and
+        column ``col_perm[b]`` of this table, i.e. ``result.rows[a][b] ==
+        self.rows[row_perm[a]][col_perm[b]]`` and ``result.header[b] ==
+        self.header[col_perm[b]]``.
+
+        Args:
+            row_perm: a permutation of ``0..n_rows-1`` (data rows only; the header is
+                never moved). ``None`` keeps the row order.
+            col_perm: a permutation of ``0..n_cols-1``. ``None`` keeps the column order.
+                Any sequence of ints works, including a 1-D NumPy integer array.
+
+        Raises:
+            ValueError: if a permutation has the wrong length or repeats/misses an index.
+            TypeError: if a permutation holds non-integers.
+        """
+        rp = tuple(range(self.n_rows)) if row_perm is None else _check_permutation(
+            row_perm, self.n_rows, "row_perm"
+        )
+        cp = tuple(range(self.n_cols)) if col_perm is None else _check_permutation(
+            col_perm, self.n_cols, "col_perm"
+        )
+        header = tuple(self.header[j] for j in cp)
+        rows = tuple(tuple(self.rows[i][j] for j in cp) for i in rp)
+        return Table(header, rows)
+
+    def to_dict(self) -> dict[str, list]:
+        """The JSONL schema's table object: ``{"header": [...], "rows": [[...], ...]}``."""
+        return {"header": list(self.header), "rows": [list(row) for row in self.rows]}
+
+
+@dataclass(frozen=True)
+class Example:
+    """One table question with its gold answers.
+
+    Attributes:
+        question: the natural-language question.
+        table: the table the question is about.
+        answers: gold answers as strings (several for multi-answer questions); a list is
+            accepted and stored as a tuple.
+        id: the dataset's identifier for the question.
+        meta: free-form, read-only metadata from the source (e.g. TAT-QA ``scale``).
+            It takes part in ``==`` but not in ``hash()`` because mappings are unhashable.
+        dataset: the source dataset name (``"wtq"``, ``"tatqa"``, ``"fetaqa"``) or ``""``
+            when unknown; it selects the metric in :func:`atp_jax.eval.metrics.score`.
+    """
+
+    question: str
+    table: Table
+    answers: tuple[str, ...]
+    id: str
+    meta: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    dataset: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.question, str):
+            raise TypeError(f"question must be str, got {type(self.question).__name__}")
+        if not isinstance(self.table, Table):
+            raise TypeError(f"table must be a Table, got {type(self.table).__name__}")
+        if not isinstance(self.id, str):
+            raise TypeError(f"id must be str, got {type(self.id).__name__}")
+        if not isinstance(self.dataset, str):
+            raise TypeError(f"dataset must be str, got {type(self.dataset).__name__}")
+        if isinstance(self.answers, (str, bytes)) or not isinstance(self.answers, Sequence):
+            raise TypeError(
+                f"answers must be a list of strings, got {type(self.answers).__name__} "
+                f"{self.answers!r}; wrap a single answer as [answer]"
+            )
+        answers = tuple(self.answers)
+        for k, answer in enumerate(answers):
+            if not isinstance(answer, str):
+                raise TypeError(
+                    f"answers[{k}] is {type(answer).__name__} {answer!r}; answers must be str"
+                )
+        if not isinstance(self.meta, Mapping):
+            raise TypeError(f"meta must be a mapping, got {type(self.meta).__name__}")
+        object.__setattr__(self, "answers", answers)
+        # A read-only view of a private copy: the caller's dict cannot change the example.
+        object.__setattr__(self, "meta", types.MappingProxyType(dict(self.meta)))
