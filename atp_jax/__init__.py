@@ -4,7 +4,10 @@ How fragile is LLM table question answering to the order of a table's rows and c
 searches for the worst order by gradient through Sinkhorn soft permutations.
 """
 
+from atp_jax.eval.qa import answer, answer_loss
 from atp_jax.models.loading import DEFAULT_MODEL, LoadedModel, load_model
+from atp_jax.tables.prompt import PromptStyle
+from atp_jax.tables.table import Example, Table
 
-__all__ = ["DEFAULT_MODEL", "LoadedModel", "load_model"]
+__all__ = ["DEFAULT_MODEL", "Example", "LoadedModel", "PromptStyle", "Table", "answer", "answer_loss", "load_model"]
 __version__ = "0.1.0"

@@ -57,3 +57,26 @@ def test_qwen_answers_the_toy_table_question():
     qwen = load_model("qwen2.5-coder-0.5b-instruct")
     (reply,) = generate_chat(qwen, [TOY_QUESTION], max_new_tokens=24)
     assert "Alice" in reply, reply
+
+
+def test_answer_loss_equals_mean_token_cross_entropy_from_full_logits(smollm):
+    from atp_jax.data.datasets import load_dataset
+    from atp_jax.eval.qa import answer_loss, answer_losses
+    from atp_jax.tables.prompt import reference_answer, render_prompt
+
+    example = load_dataset("sample")[3]
+    permuted = example.table.permute(list(reversed(range(example.table.n_rows))), None)
+    tok = smollm.tokenizer
+    for table in (example.table, permuted):
+        prompt = tok.encode(render_prompt(tok, example, table).text, add_special_tokens=False)
+        target = tok.encode(reference_answer(example), add_special_tokens=False)
+        ids = jnp.asarray([prompt + target])
+        S = ids.shape[1]
+        logits = np.asarray(smollm.model(smollm.model.embed(ids), jnp.arange(S)[None], jnp.ones((1, S), bool)).logits[0])
+        logits = logits.astype(np.float64)
+        logp = logits - logits.max(-1, keepdims=True)
+        logp = logp - np.log(np.exp(logp).sum(-1, keepdims=True))
+        expected = -np.mean([logp[len(prompt) - 1 + t, target[t]] for t in range(len(target))])
+        assert abs(answer_loss(smollm, example, table) - expected) < 1e-4
+    both = answer_losses(smollm, example, [example.table, permuted])
+    assert abs(both[0] - answer_loss(smollm, example)) < 1e-4 and abs(both[1] - answer_loss(smollm, example, permuted)) < 1e-4

@@ -1,0 +1,101 @@
+"""Answering table questions and scoring the reference answer, always from re-rendered text.
+
+Every number reported for a permutation comes from here: the permuted table is rendered as text,
+the prompt tokenized afresh, and the model run on those tokens. (The attack's own layout tokenizes
+cells one by one; that is a search device, not a measurement.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from atp_jax.eval.generate import generate_ids
+from atp_jax.models.loading import LoadedModel
+from atp_jax.models.modeling import Transformer
+from atp_jax.tables.prompt import PromptStyle, extract_answer, reference_answer, render_prompt
+from atp_jax.tables.table import Example, Table
+
+LENGTH_BUCKET = 32  # sequences are right-padded to a multiple of this: fewer distinct compiles
+
+
+def _encode(tokenizer, text: str) -> list[int]:
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def prompt_ids(loaded: LoadedModel, example: Example, table: Table | None = None, style=PromptStyle()) -> list[int]:
+    """Token ids of the chat prompt (up to the assistant header) over ``table`` (default: the example's)."""
+    return _encode(loaded.tokenizer, render_prompt(loaded.tokenizer, example, table, style).text)
+
+
+@jax.jit
+def token_nll(model: Transformer, ids, target_positions, targets):
+    """Negative log-likelihood of ``targets`` ``[B, A]`` predicted at ``target_positions`` ``[B, A]``.
+
+    ``ids`` ``[B, S]`` are right-padded: causal attention makes the padding after the answer inert.
+    Returns ``[B, A]`` float32.
+    """
+    B, S = ids.shape
+    out = model(model.embed(ids), jnp.broadcast_to(jnp.arange(S), (B, S)), jnp.ones((B, S), bool),
+                logits_positions=target_positions)
+    logp = jax.nn.log_softmax(out.logits, axis=-1)
+    return -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+
+
+def answer_losses(
+    loaded: LoadedModel,
+    example: Example,
+    tables: Sequence[Table],
+    style: PromptStyle = PromptStyle(),
+    batch_size: int = 8,
+) -> np.ndarray:
+    """Mean token cross-entropy of the reference answer under each table ``[K]`` (batched forwards)."""
+    tok = loaded.tokenizer
+    target = _encode(tok, reference_answer(example))
+    prompts = [prompt_ids(loaded, example, t, style) for t in tables]
+    A = len(target)
+    losses = []
+    for start in range(0, len(prompts), batch_size):
+        chunk = prompts[start:start + batch_size]
+        longest = max(len(p) for p in chunk) + A
+        S = -(-longest // LENGTH_BUCKET) * LENGTH_BUCKET
+        rows = batch_size if len(prompts) > batch_size else len(chunk)  # fixed batch: one compile
+        ids = np.zeros((rows, S), np.int32)
+        positions = np.zeros((rows, A), np.int32)
+        for b, p in enumerate(chunk):
+            ids[b, : len(p) + A] = p + target
+            positions[b] = np.arange(len(p) - 1, len(p) - 1 + A)
+        nll = token_nll(loaded.model, ids, positions, np.broadcast_to(np.asarray(target, np.int32), (rows, A)))
+        losses.extend(np.asarray(nll)[: len(chunk)].mean(axis=1).tolist())
+    return np.asarray(losses)
+
+
+def answer_loss(loaded: LoadedModel, example: Example, table: Table | None = None, style=PromptStyle()) -> float:
+    """Mean token cross-entropy of the reference answer given the (re-rendered, re-tokenized) prompt."""
+    return float(answer_losses(loaded, example, [example.table if table is None else table], style)[0])
+
+
+def answers(
+    loaded: LoadedModel,
+    example: Example,
+    tables: Sequence[Table],
+    style: PromptStyle = PromptStyle(),
+    max_new_tokens: int | None = None,
+) -> list[str]:
+    """The model's answers (extracted from greedy replies) for the example under each table."""
+    if max_new_tokens is None:
+        max_new_tokens = 32 if style.reasoning == "concise" else 256
+    prompts = [prompt_ids(loaded, example, t, style) for t in tables]
+    replies = generate_ids(loaded, prompts, max_new_tokens)
+    return [extract_answer(loaded.tokenizer.decode(r, skip_special_tokens=True), style) for r in replies]
+
+
+def answer(
+    loaded: LoadedModel, example: Example, table: Table | None = None, style: PromptStyle = PromptStyle(),
+    max_new_tokens: int | None = None,
+) -> str:
+    """The model's answer to ``example`` over ``table`` (default: the example's own table)."""
+    return answers(loaded, example, [example.table if table is None else table], style, max_new_tokens)[0]

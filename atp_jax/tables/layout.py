@@ -1,0 +1,234 @@
+"""The token layout of a table prompt under row/column permutations, with static shapes.
+
+A prompt is cut into *template runs* (text that never moves: chat markup, instruction, separators)
+and *slot runs* (the cell occupying slot ``(a, b)`` of the rendered table). Every cell is tokenized
+on its own, once; a permutation ``(σ_r, σ_c)`` (header pinned: ``σ_r(0) = 0``) only decides which
+cell fills which slot. The token count is therefore the same for every permutation, so one compiled
+attack step serves all steps and restarts of a table.
+
+Sequence = ``prefix`` (template run before the first cell: system prompt, instruction, ``Table:``)
+followed by the ``body``: slot runs and template runs in rendering order, then the answer. The
+prefix never changes, so its keys/values can be computed once.
+
+For hard permutations, ``body_source`` maps every body position to a *bank* index::
+
+    bank = [template tokens (Tt)] ++ [slot tokens, (n+1) · m · L_max, slot-major]
+
+so ``bank[body_source]`` is the permuted body, whether the bank holds token ids (hard) or mixed
+cell embeddings ``Σ D_r[a, i] E[i, j, k] D_c[j, b]`` (soft, paper Eq. 11).
+
+Tokenization: a cell run carries the whitespace that precedes every cell in the style (markdown's
+``" "`` after ``|``), which keeps BPE pre-token boundaries where the full string has them. Where the
+per-cell tokens differ from tokenizing the whole text anyway (token merges across a boundary,
+chiefly in csv/html/json with Qwen's pre-tokenizer), ``Layout.is_compositional`` says so; reported
+numbers always come from re-rendering and re-tokenizing the permuted text.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+import numpy as np
+
+from atp_jax.tables.prompt import Prompt, PromptStyle, reference_answer, render_prompt
+from atp_jax.tables.table import Example, Table
+
+_TEMPLATE, _SLOT = 0, 1
+
+
+def _encode(tokenizer, text: str) -> list[int]:
+    return tokenizer.encode(text, add_special_tokens=False) if text else []
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Token layout of one example's prompt. Arrays are numpy; ``n`` data rows, ``m`` columns.
+
+    prefix_ids: ``[P]`` tokens before the first cell (never move).
+    template_ids: ``[Tt]`` all later template tokens, concatenated (incl. the answer at the end).
+    cell_ids: ``[n+1, m, L]`` each cell's tokens (row 0 = header), padded with 0.
+    cell_lengths: ``[n+1, m]`` token count of each cell.
+    item_kind, item_start, item_length, item_row, item_col: ``[I]`` the body's runs in order;
+      templates use start/length into ``template_ids``, slots use row/col (slot coordinates).
+    answer_ids: ``[A]`` reference answer tokens (the last A tokens of the body); empty without one.
+    """
+
+    prefix_ids: np.ndarray
+    template_ids: np.ndarray
+    cell_ids: np.ndarray
+    cell_lengths: np.ndarray
+    item_kind: np.ndarray
+    item_start: np.ndarray
+    item_length: np.ndarray
+    item_row: np.ndarray
+    item_col: np.ndarray
+    answer_ids: np.ndarray
+    prompt: Prompt
+    is_compositional: bool
+
+    @property
+    def n_rows(self) -> int:
+        return self.cell_ids.shape[0] - 1
+
+    @property
+    def n_cols(self) -> int:
+        return self.cell_ids.shape[1]
+
+    @property
+    def max_cell_tokens(self) -> int:
+        return self.cell_ids.shape[2]
+
+    @property
+    def prefix_length(self) -> int:
+        return len(self.prefix_ids)
+
+    @property
+    def body_length(self) -> int:
+        """Static body length: template tokens plus every slot's cell tokens."""
+        slots = self.item_kind == _SLOT
+        return len(self.template_ids) + int(self.cell_lengths[self.item_row[slots], self.item_col[slots]].sum())
+
+    @property
+    def seq_length(self) -> int:
+        return self.prefix_length + self.body_length
+
+    @property
+    def answer_length(self) -> int:
+        return len(self.answer_ids)
+
+    def answer_logit_positions(self) -> np.ndarray:
+        """Body indices ``[A]`` whose logits predict the answer tokens (each one before its token)."""
+        return np.arange(self.body_length - self.answer_length - 1, self.body_length - 1)
+
+    @property
+    def static_sizes(self) -> dict[str, int]:
+        """The keyword arguments of ``place`` that fix shapes (static under ``jit``)."""
+        return {"body_length": self.body_length, "max_cell_tokens": self.max_cell_tokens}
+
+    def arrays(self, xp=jnp) -> dict:
+        """The integer arrays ``place`` needs: device arrays for ``jit`` (default), or ``xp=np``."""
+        return {
+            "template_length": xp.asarray(len(self.template_ids)),
+            "cell_lengths": xp.asarray(self.cell_lengths),
+            "item_kind": xp.asarray(self.item_kind),
+            "item_start": xp.asarray(self.item_start),
+            "item_length": xp.asarray(self.item_length),
+            "item_row": xp.asarray(self.item_row),
+            "item_col": xp.asarray(self.item_col),
+        }
+
+    def ids(self, row_perm=None, col_perm=None) -> np.ndarray:
+        """Full token ids ``[S]`` of the prompt + answer with the cells placed by the permutation."""
+        n, m = self.n_rows, self.n_cols
+        rp = np.arange(n) if row_perm is None else np.asarray(row_perm)
+        cp = np.arange(m) if col_perm is None else np.asarray(col_perm)
+        source = place(self.arrays(np), rp, cp, **self.static_sizes)
+        slot_ids = self.cell_ids[full_row_perm(rp)][:, cp]
+        bank = np.concatenate([self.template_ids, slot_ids.reshape(-1)])
+        return np.concatenate([self.prefix_ids, bank[source]])
+
+
+def _array_module(x):
+    return np if isinstance(x, np.ndarray) else jnp
+
+
+def full_row_perm(row_perm):
+    """σ_r over all n+1 rows from a permutation of the n data rows (header pinned at 0)."""
+    xp = _array_module(row_perm)
+    return xp.concatenate([xp.zeros((1,), row_perm.dtype), row_perm + 1])
+
+
+def place(arrays: dict, row_perm, col_perm, *, body_length: int, max_cell_tokens: int):
+    """Bank indices ``[body_length]`` of the body for hard permutations.
+
+    Pure array code: JAX (jit/vmap-able) for JAX inputs, numpy for numpy inputs (``Layout.ids``).
+
+    Args:
+      arrays: ``Layout.arrays()``.
+      row_perm: int ``[n]``, data row ``row_perm[a]`` goes to slot row ``a + 1``.
+      col_perm: int ``[m]``, column ``col_perm[b]`` goes to slot column ``b``.
+      body_length, max_cell_tokens: the layout's static sizes.
+    """
+    xp = _array_module(row_perm)
+    rows = full_row_perm(row_perm)
+    kind, item_row, item_col = arrays["item_kind"], arrays["item_row"], arrays["item_col"]
+    slot_length = arrays["cell_lengths"][rows[item_row], col_perm[item_col]]
+    length = xp.where(kind == _SLOT, slot_length, arrays["item_length"])
+    ends = xp.cumsum(length)
+    t = xp.arange(body_length)
+    item = xp.searchsorted(ends, t, side="right")  # the run covering position t (skips empty runs)
+    offset = t - (ends[item] - length[item])
+    n_cols = arrays["cell_lengths"].shape[1]
+    slot_index = (item_row[item] * n_cols + item_col[item]) * max_cell_tokens + offset
+    return xp.where(kind[item] == _SLOT, arrays["template_length"] + slot_index, arrays["item_start"][item] + offset)
+
+
+def build_layout(
+    tokenizer, example: Example, table: Table | None = None, style: PromptStyle = PromptStyle(), with_answer: bool = True
+) -> Layout:
+    """Tokenizes ``example``'s prompt run by run (see the module docstring).
+
+    ``with_answer=False`` leaves the answer out (label-free objectives, generation).
+    """
+    table = example.table if table is None else table
+    prompt = render_prompt(tokenizer, example, table, style)
+    # Template text before each cell piece, and the template text after the last one.
+    preceding, pending = [], prompt.before
+    for segment in prompt.table.segments:
+        if segment.is_cell:
+            preceding.append(pending)
+            pending = ""
+        else:
+            pending += segment.text
+    trailing = pending + prompt.after
+    # Spaces that precede every cell move into the cell's run: " Alice" is one pre-token, "|" another.
+    tails = {text[len(text.rstrip(" ")):] for text in preceding}
+    tail = tails.pop() if len(tails) == 1 else ""
+
+    n, m = table.n_rows, table.n_cols
+    cell_tokens = [[_encode(tokenizer, tail + _cell_text(prompt, i, j)) for j in range(m)] for i in range(n + 1)]
+    lengths = np.array([[len(t) for t in row] for row in cell_tokens], np.int32)
+    cell_ids = np.zeros((n + 1, m, max(1, int(lengths.max()))), np.int32)
+    for i in range(n + 1):
+        for j in range(m):
+            cell_ids[i, j, : lengths[i, j]] = cell_tokens[i][j]
+
+    answer_ids = _encode(tokenizer, reference_answer(example)) if with_answer else []
+    template: list[int] = []
+    items: list[tuple[int, int, int, int, int]] = []  # kind, start, length, row, col
+
+    def add_template(tokens):
+        items.append((_TEMPLATE, len(template), len(tokens), 0, 0))
+        template.extend(tokens)
+
+    cells = [s.cell for s in prompt.table.segments if s.is_cell]
+    for k, (i, j) in enumerate(cells):
+        if k > 0:
+            add_template(_encode(tokenizer, preceding[k][: len(preceding[k]) - len(tail)]))
+        items.append((_SLOT, 0, 0, i, j))
+    add_template(_encode(tokenizer, trailing))
+    if with_answer:
+        add_template(answer_ids)
+    kind, start, length, row, col = (np.asarray(column, np.int32) for column in zip(*items))
+    layout = Layout(
+        prefix_ids=np.asarray(_encode(tokenizer, preceding[0][: len(preceding[0]) - len(tail)]), np.int32),
+        template_ids=np.asarray(template, np.int32),
+        cell_ids=cell_ids,
+        cell_lengths=lengths,
+        item_kind=kind,
+        item_start=start,
+        item_length=length,
+        item_row=row,
+        item_col=col,
+        answer_ids=np.asarray(answer_ids, np.int32),
+        prompt=prompt,
+        is_compositional=True,
+    )
+    whole = _encode(tokenizer, prompt.text) + list(answer_ids)
+    return dataclasses.replace(layout, is_compositional=layout.ids().tolist() == whole)
+
+
+def _cell_text(prompt: Prompt, i: int, j: int) -> str:
+    start, end = prompt.table.cell_spans[i][j]
+    return prompt.table.text[start:end]

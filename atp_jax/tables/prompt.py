@@ -1,0 +1,98 @@
+"""Chat prompts for table QA: the text before the table, the table, the text after it, the answer.
+
+A prompt is rendered through the tokenizer's chat template with a sentinel in place of the table,
+then cut at the sentinel. That keeps the template's own system prompt, role markers and generation
+header exact, and tells the token layout which text never moves (``before``) and where the table
+sits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from atp_jax.tables.linearize import Linearized, linearize
+from atp_jax.tables.table import Example, Table
+
+ANSWER_SEPARATOR = " | "
+FINAL_ANSWER_MARKER = "Final answer:"
+
+_CONCISE = (
+    "Answer the question using the table. Reply with the answer only, as briefly as possible. "
+    f"If there are several answers, separate them with '{ANSWER_SEPARATOR.strip()}'."
+)
+_STEP_BY_STEP = (
+    "Answer the question using the table. Think step by step, then end with a last line of the form "
+    f"'{FINAL_ANSWER_MARKER} <answer>'. If there are several answers, separate them with "
+    f"'{ANSWER_SEPARATOR.strip()}'."
+)
+_SENTINEL = "\u2063TABLE\u2063"  # invisible separator: never occurs in a template or a question
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptStyle:
+    """How a question is put to the model.
+
+    linearization: table format (``markdown``, ``csv``, ``html``, ``json``; see ``linearize``).
+    reasoning: ``concise`` (answer only) or ``step_by_step`` (reasoning, then a final-answer line).
+    system: system prompt; None keeps the chat template's default one.
+    """
+
+    linearization: str = "markdown"
+    reasoning: str = "concise"
+    system: str | None = None
+
+    def __post_init__(self):
+        if self.reasoning not in ("concise", "step_by_step"):
+            raise ValueError(f"reasoning must be 'concise' or 'step_by_step', got {self.reasoning!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Prompt:
+    """A rendered prompt: ``before + table.text + after`` is the full text up to the answer."""
+
+    before: str
+    table: Linearized
+    after: str
+
+    @property
+    def text(self) -> str:
+        return self.before + self.table.text + self.after
+
+
+def user_message(question: str, style: PromptStyle, table_text: str) -> str:
+    instruction = _CONCISE if style.reasoning == "concise" else _STEP_BY_STEP
+    return f"{instruction}\n\nTable:\n{table_text}\n\nQuestion: {question}"
+
+
+def render_prompt(tokenizer, example: Example, table: Table | None = None, style: PromptStyle = PromptStyle()) -> Prompt:
+    """The chat prompt for ``example`` (over ``table`` when given, e.g. a permuted one)."""
+    table = example.table if table is None else table
+    messages = [{"role": "user", "content": user_message(example.question, style, _SENTINEL)}]
+    if style.system is not None:
+        messages.insert(0, {"role": "system", "content": style.system})
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    before, sentinel, after = text.partition(_SENTINEL)
+    if not sentinel:
+        raise ValueError("the tokenizer's chat template dropped the user message; cannot place the table")
+    return Prompt(before, linearize(table, style.linearization), after)
+
+
+def reference_answer(example: Example) -> str:
+    """The gold answer as the model is asked to write it (several answers joined by the separator)."""
+    if not example.answers or not any(a.strip() for a in example.answers):
+        raise ValueError(f"example {example.id!r} has no reference answer; the CE objective needs one")
+    return ANSWER_SEPARATOR.join(example.answers)
+
+
+def extract_answer(reply: str, style: PromptStyle = PromptStyle()) -> str:
+    """The answer part of a model reply: the text after the last final-answer marker when reasoning."""
+    reply = reply.strip()
+    if style.reasoning == "step_by_step":
+        matches = list(re.finditer(re.escape(FINAL_ANSWER_MARKER), reply, flags=re.IGNORECASE))
+        if matches:
+            reply = reply[matches[-1].end():]
+        else:  # no marker: fall back to the last non-empty line
+            lines = [line for line in reply.splitlines() if line.strip()]
+            reply = lines[-1] if lines else ""
+    return reply.strip().strip("*").strip()
