@@ -29,42 +29,45 @@ _SCALE = flags.DEFINE_float("scale", 2.0, "theta = scale * N(0, 1) before Sinkho
 
 
 def _timed(fn, x):
-  t0 = time.perf_counter()
-  jax.block_until_ready(fn(x))
-  return time.perf_counter() - t0
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn(x))
+    return time.perf_counter() - t0
 
 
 def main(argv):
-  del argv
-  assert _NUM_RUNS.value >= 7, "medians of at least 7 runs"
-  print(f"jax {jax.__version__}, backend {jax.default_backend()}, device {jax.devices()[0]}")
-  fns = {m: jax.jit(jax.vmap(functools.partial(project, method=m))) for m in ("host", "device")}
-  print(f"{'R':>3} {'k':>3} | {'host ms':>9} {'device ms':>10} | {'device/host':>11} | "
-        f"{'compile host s':>14} {'compile device s':>16}")
-  key = jax.random.PRNGKey(0)
-  for k in map(int, _KS.value):
-    for r in map(int, _BATCH_SIZES.value):
-      key, sub = jax.random.split(key)
-      D = jax.block_until_ready(sinkhorn(_SCALE.value * jax.random.normal(sub, (r, k, k))))
-      compile_s, outs = {}, {}
-      for m, fn in fns.items():
-        compile_s[m] = _timed(fn, D)  # first call: trace + compile + run
-        outs[m] = np.asarray(fn(D))
-        for _ in range(_WARMUP.value):
-          _timed(fn, D)
-      # Sanity: both reach the same optimum (they may differ only on exact ties).
-      scores = {m: np.take_along_axis(np.asarray(D), o[..., None], -1).sum((-2, -1))
-                for m, o in outs.items()}
-      assert np.allclose(scores["host"], scores["device"], atol=1e-4), scores
-      times = {m: [] for m in fns}
-      for _ in range(_NUM_RUNS.value):
-        for m, fn in fns.items():  # alternate the methods within the same process
-          times[m].append(_timed(fn, D))
-      med = {m: 1e3 * statistics.median(t) for m, t in times.items()}
-      print(f"{r:>3} {k:>3} | {med['host']:>9.3f} {med['device']:>10.3f} | "
-            f"{med['device'] / med['host']:>11.2f} | {compile_s['host']:>14.2f} "
-            f"{compile_s['device']:>16.2f}")
+    del argv
+    assert _NUM_RUNS.value >= 7, "medians of at least 7 runs"
+    print(f"jax {jax.__version__}, backend {jax.default_backend()}, device {jax.devices()[0]}")
+    fns = {m: jax.jit(jax.vmap(functools.partial(project, method=m))) for m in ("host", "device")}
+    print(
+        f"{'R':>3} {'k':>3} | {'host ms':>9} {'device ms':>10} | {'device/host':>11} | "
+        f"{'compile host s':>14} {'compile device s':>16}"
+    )
+    key = jax.random.PRNGKey(0)
+    for k in map(int, _KS.value):
+        for r in map(int, _BATCH_SIZES.value):
+            key, sub = jax.random.split(key)
+            D = jax.block_until_ready(sinkhorn(_SCALE.value * jax.random.normal(sub, (r, k, k))))
+            compile_s, outs = {}, {}
+            for m, fn in fns.items():
+                compile_s[m] = _timed(fn, D)  # first call: trace + compile + run
+                outs[m] = np.asarray(fn(D))
+                for _ in range(_WARMUP.value):
+                    _timed(fn, D)
+            # Sanity: both reach the same optimum (they may differ only on exact ties).
+            scores = {m: np.take_along_axis(np.asarray(D), o[..., None], -1).sum((-2, -1)) for m, o in outs.items()}
+            assert np.allclose(scores["host"], scores["device"], atol=1e-4), scores
+            times = {m: [] for m in fns}
+            for _ in range(_NUM_RUNS.value):
+                for m, fn in fns.items():  # alternate the methods within the same process
+                    times[m].append(_timed(fn, D))
+            med = {m: 1e3 * statistics.median(t) for m, t in times.items()}
+            print(
+                f"{r:>3} {k:>3} | {med['host']:>9.3f} {med['device']:>10.3f} | "
+                f"{med['device'] / med['host']:>11.2f} | {compile_s['host']:>14.2f} "
+                f"{compile_s['device']:>16.2f}"
+            )
 
 
 if __name__ == "__main__":
-  app.run(main)
+    app.run(main)

@@ -35,88 +35,88 @@ _METHODS = ("host", "device")
 
 
 def perm_to_matrix(perm: jax.Array, dtype=jnp.float32) -> jax.Array:
-  """One-hot permutation matrix.
+    """One-hot permutation matrix.
 
-  Args:
-    perm: [..., k] integer, perm[..., a] = column chosen for row a.
-    dtype: float dtype of the result.
+    Args:
+      perm: [..., k] integer, perm[..., a] = column chosen for row a.
+      dtype: float dtype of the result.
 
-  Returns:
-    P: [..., k, k] with P[..., a, perm[..., a]] = 1 and 0 elsewhere.
-  """
-  return jax.nn.one_hot(perm, perm.shape[-1], dtype=dtype)
+    Returns:
+      P: [..., k, k] with P[..., a, perm[..., a]] = 1 and 0 elsewhere.
+    """
+    return jax.nn.one_hot(perm, perm.shape[-1], dtype=dtype)
 
 
 def _sanitize(D: jax.Array) -> jax.Array:
-  D = jnp.asarray(D).astype(jnp.float32)
-  D = jnp.nan_to_num(D, nan=-_BIG, posinf=_BIG, neginf=-_BIG)
-  return jnp.clip(D, -_BIG, _BIG)
+    D = jnp.asarray(D).astype(jnp.float32)
+    D = jnp.nan_to_num(D, nan=-_BIG, posinf=_BIG, neginf=-_BIG)
+    return jnp.clip(D, -_BIG, _BIG)
 
 
 def _host_assign(D: np.ndarray) -> np.ndarray:
-  """Host side of the "host" method: solves every [k, k] problem of a [..., k, k] batch in a loop.
+    """Host side of the "host" method: solves every [k, k] problem of a [..., k, k] batch in a loop.
 
-  Runs once per `pure_callback` invocation; under `vmap(..., vmap_method="expand_dims")` the leading
-  axes are the vmapped batch axes (nested vmaps add one each), so any number of them is accepted.
-  """
-  D = np.asarray(D, dtype=np.float64)  # SciPy works in float64; do the upcast once for the batch
-  k = D.shape[-1]
-  flat = D.reshape((-1, k, k))
-  out = np.empty(flat.shape[:-1], dtype=np.int32)
-  for b in range(flat.shape[0]):
-    rows, cols = scipy.optimize.linear_sum_assignment(flat[b], maximize=True)
-    out[b, rows] = cols
-  return out.reshape(D.shape[:-1])
+    Runs once per `pure_callback` invocation; under `vmap(..., vmap_method="expand_dims")` the leading
+    axes are the vmapped batch axes (nested vmaps add one each), so any number of them is accepted.
+    """
+    D = np.asarray(D, dtype=np.float64)  # SciPy works in float64; do the upcast once for the batch
+    k = D.shape[-1]
+    flat = D.reshape((-1, k, k))
+    out = np.empty(flat.shape[:-1], dtype=np.int32)
+    for b in range(flat.shape[0]):
+        rows, cols = scipy.optimize.linear_sum_assignment(flat[b], maximize=True)
+        out[b, rows] = cols
+    return out.reshape(D.shape[:-1])
 
 
 def _project_host(D: jax.Array) -> jax.Array:
-  out_type = jax.ShapeDtypeStruct(D.shape[:-1], jnp.int32)
-  # "expand_dims": under vmap the callback receives the batched operand with the batch axis in front
-  # and must return a batched result - exactly what `_host_assign` does for any leading dims - so R
-  # restarts cost one host call. ("broadcast_all" would be identical here, since D is the only operand
-  # and is always batched when vmap reaches the callback; "sequential" would make R callbacks;
-  # "legacy_vectorized" also passes the batch in one call but keeps the old `vectorized=True` rule of
-  # not adding axes to unbatched operands - a compatibility mode, not something to build on.)
-  return jax.pure_callback(_host_assign, out_type, D, vmap_method="expand_dims")
+    out_type = jax.ShapeDtypeStruct(D.shape[:-1], jnp.int32)
+    # "expand_dims": under vmap the callback receives the batched operand with the batch axis in front
+    # and must return a batched result - exactly what `_host_assign` does for any leading dims - so R
+    # restarts cost one host call. ("broadcast_all" would be identical here, since D is the only operand
+    # and is always batched when vmap reaches the callback; "sequential" would make R callbacks;
+    # "legacy_vectorized" also passes the batch in one call but keeps the old `vectorized=True` rule of
+    # not adding axes to unbatched operands - a compatibility mode, not something to build on.)
+    return jax.pure_callback(_host_assign, out_type, D, vmap_method="expand_dims")
 
 
 def _solve_one_device(D: jax.Array) -> jax.Array:
-  # optax minimises cost and returns matched pairs (i[t], j[t]); for square inputs which of the two is
-  # arange is an implementation detail, so scatter the pairs into row order rather than rely on it.
-  i, j = optax.assignment.hungarian_algorithm(-D)
-  k = D.shape[-1]
-  return jnp.zeros((k,), jnp.int32).at[i].set(j.astype(jnp.int32))
+    # optax minimises cost and returns matched pairs (i[t], j[t]); for square inputs which of the two is
+    # arange is an implementation detail, so scatter the pairs into row order rather than rely on it.
+    i, j = optax.assignment.hungarian_algorithm(-D)
+    k = D.shape[-1]
+    return jnp.zeros((k,), jnp.int32).at[i].set(j.astype(jnp.int32))
 
 
 def _project_device(D: jax.Array) -> jax.Array:
-  k = D.shape[-1]
-  flat = D.reshape((-1, k, k))
-  return jax.vmap(_solve_one_device)(flat).reshape(D.shape[:-1])
+    k = D.shape[-1]
+    flat = D.reshape((-1, k, k))
+    return jax.vmap(_solve_one_device)(flat).reshape(D.shape[:-1])
 
 
 def project(D: jax.Array, method: str = "host") -> jax.Array:
-  """Hard permutation maximising <P, D> = sum_a D[a, perm[a]].
+    """Hard permutation maximising <P, D> = sum_a D[a, perm[a]].
 
-  Works under `jit` and `vmap` (and with any number of leading batch dims directly). `method` is a
-  Python string (static).
+    Works under `jit` and `vmap` (and with any number of leading batch dims directly). `method` is a
+    Python string (static).
 
-  Args:
-    D: [..., k, k] scores, typically a Sinkhorn output; any float dtype (solved in float32 on device,
-      float64 on host). Non-finite entries are clamped (see `_BIG`).
-    method: "host" (SciPy via one batched pure_callback) or "device" (optax Hungarian in JAX).
+    Args:
+      D: [..., k, k] scores, typically a Sinkhorn output; any float dtype (solved in float32 on device,
+        float64 on host). Non-finite entries are clamped (see `_BIG`).
+      method: "host" (SciPy via one batched pure_callback) or "device" (optax Hungarian in JAX).
 
-  Returns:
-    perm: [..., k] int32, perm[..., a] = column chosen for row a. No gradient.
-  """
-  if method not in _METHODS:
-    raise ValueError(f"method must be one of {_METHODS}, got {method!r}")
-  if D.ndim < 2 or D.shape[-1] != D.shape[-2]:
-    raise ValueError(f"D must have shape [..., k, k], got {D.shape}")
-  # An index has no useful derivative; stopping the gradient also keeps AD away from the callback
-  # (no JVP rule) and from optax's while-loops (no reverse mode).
-  D = _sanitize(jax.lax.stop_gradient(D))
-  if D.shape[-1] == 0:
-    return jnp.zeros(D.shape[:-1], jnp.int32)
-  if method == "host":
-    return _project_host(D)
-  return _project_device(D)
+    Returns:
+      perm: [..., k] int32, perm[..., a] = column chosen for row a. No gradient.
+    """
+    if method not in _METHODS:
+        raise ValueError(f"method must be one of {_METHODS}, got {method!r}")
+    if D.ndim < 2 or D.shape[-1] != D.shape[-2]:
+        raise ValueError(f"D must have shape [..., k, k], got {D.shape}")
+    # An index has no useful derivative; stopping the gradient also keeps AD away from the callback
+    # (no JVP rule) and from optax's while-loops (no reverse mode).
+    D = _sanitize(jax.lax.stop_gradient(D))
+    if D.shape[-1] == 0:
+        return jnp.zeros(D.shape[:-1], jnp.int32)
+    if method == "host":
+        return _project_host(D)
+    return _project_device(D)
