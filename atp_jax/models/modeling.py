@@ -159,6 +159,8 @@ class Transformer(nnx.Module):
           return_attentions: also return per-layer attention probabilities ``[L, B, H, S, T]``.
         """
         c = self.config
+        if cache is not None and attention_mask.ndim != 3:
+            raise ValueError("with a KV cache, pass the full [B, S, T] attention mask over the cache's T slots")
         x = inputs_embeds.astype(self.dtype)
         B, S, _ = x.shape
         mask = expand_mask(attention_mask, S)

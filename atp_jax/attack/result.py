@@ -1,0 +1,114 @@
+"""What every attack returns, and the counted evaluator that all of them query.
+
+Cost is counted in *sequences forwarded*: one forward of one permuted prompt is one call. A gradient
+step's backward is counted separately (``backward_calls``), since it costs about two forwards.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import jax.numpy as jnp
+import numpy as np
+
+from atp_jax.attack.problem import AttackProblem, hard_losses
+from atp_jax.eval.qa import answer_losses
+from atp_jax.models.loading import LoadedModel
+from atp_jax.tables.table import Table
+
+_BATCH_BUCKETS = (1, 2, 4, 8)  # candidate batches are padded up to one of these: few compiles
+
+
+@dataclasses.dataclass(frozen=True)
+class AttackResult:
+    """The order an attack chose and what it cost.
+
+    loss: the objective of the chosen order measured on the re-rendered, re-tokenized text
+      (CE: ``answer_loss``; KL: the layout's KL, exact when the layout is compositional).
+    clean_loss: the same for the original order.
+    trace: per-step diagnostics (objective, CE of the hard order, entropies, …), method-specific.
+    forward_calls / backward_calls: sequences forwarded / backpropagated.
+    """
+
+    method: str
+    row_perm: tuple[int, ...]
+    col_perm: tuple[int, ...]
+    table: Table
+    loss: float
+    clean_loss: float
+    forward_calls: int
+    backward_calls: int
+    seconds: float
+    trace: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def forward_equivalents(self) -> float:
+        """Cost in forwards, a backward counted as two."""
+        return self.forward_calls + 2 * self.backward_calls
+
+
+class Evaluator:
+    """Objective of hard orders for one problem, batched, with every sequence counted."""
+
+    def __init__(self, loaded: LoadedModel, problem: AttackProblem):
+        self.loaded = loaded
+        self.problem = problem
+        self.forward_calls = 0
+        self.backward_calls = 0
+        self.start = time.perf_counter()
+        self._true_cache: dict[tuple, float] = {}
+
+    @property
+    def identity(self) -> tuple[np.ndarray, np.ndarray]:
+        return np.arange(self.problem.n_rows), np.arange(self.problem.n_cols)
+
+    def losses(self, row_perms, col_perms) -> np.ndarray:
+        """Objective ``[B]`` of hard orders (the layout's tokens: one batched forward per chunk)."""
+        row_perms = np.asarray(row_perms, np.int32).reshape(-1, self.problem.n_rows)
+        col_perms = np.asarray(col_perms, np.int32).reshape(-1, self.problem.n_cols)
+        out = []
+        for start in range(0, len(row_perms), _BATCH_BUCKETS[-1]):
+            rows, cols = row_perms[start:start + _BATCH_BUCKETS[-1]], col_perms[start:start + _BATCH_BUCKETS[-1]]
+            size = next(b for b in _BATCH_BUCKETS if b >= len(rows))
+            pad = size - len(rows)
+            rows = np.concatenate([rows, np.repeat(rows[:1], pad, 0)])
+            cols = np.concatenate([cols, np.repeat(cols[:1], pad, 0)])
+            values = hard_losses(self.loaded.model, self.problem.tensors, jnp.asarray(rows), jnp.asarray(cols),
+                                 objective=self.problem.objective)
+            out.append(np.asarray(values)[: size - pad])
+            self.forward_calls += size - pad
+        return np.concatenate(out)
+
+    def true_losses(self, row_perms, col_perms) -> np.ndarray:
+        """Objective of hard orders on re-rendered text (the reported number); cached per order, not counted
+        as search calls when it only re-measures an order the search already scored."""
+        keys = [(tuple(map(int, r)), tuple(map(int, c))) for r, c in zip(row_perms, col_perms)]
+        todo = [k for k in dict.fromkeys(keys) if k not in self._true_cache]
+        if todo:
+            if self.problem.objective == "ce":
+                tables = [self.problem.example.table.permute(r, c) for r, c in todo]
+                values = answer_losses(self.loaded, self.problem.example, tables, self.problem.style)
+            else:
+                values = self.losses([r for r, _ in todo], [c for _, c in todo])
+                self.forward_calls -= len(todo)  # a re-measurement, not a search query
+            self._true_cache.update(zip(todo, map(float, values)))
+        return np.array([self._true_cache[k] for k in keys])
+
+    def result(self, method: str, row_perm, col_perm, trace: dict | None = None) -> AttackResult:
+        """Measures the chosen order (and the clean one) on re-rendered text and packs the result."""
+        identity = self.identity
+        chosen, clean = self.true_losses([row_perm, identity[0]], [col_perm, identity[1]])
+        row_perm, col_perm = tuple(map(int, row_perm)), tuple(map(int, col_perm))
+        return AttackResult(
+            method=method,
+            row_perm=row_perm,
+            col_perm=col_perm,
+            table=self.problem.example.table.permute(row_perm, col_perm),
+            loss=float(chosen),
+            clean_loss=float(clean),
+            forward_calls=self.forward_calls,
+            backward_calls=self.backward_calls,
+            seconds=time.perf_counter() - self.start,
+            trace=trace or {},
+        )

@@ -1,0 +1,157 @@
+"""The attack on a tiny random decoder with the real SmolLM2 tokenizer (fast, exact checks)."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from atp_jax.attack import baselines
+from atp_jax.attack.atp import run_atp
+from atp_jax.attack.config import ATPConfig, preset
+from atp_jax.attack.hungarian import perm_to_matrix
+from atp_jax.attack.problem import AttackInputError, answer_logits, hard_losses, make_problem, objective_value, soft_body
+from atp_jax.attack.result import Evaluator
+from atp_jax.attack.run import attack
+from atp_jax.attack.search import predicted_swap_gains, swap_rank_correlation
+from atp_jax.attack.sinkhorn import pin_header
+from atp_jax.eval.qa import answer_loss
+from atp_jax.models import gguf, zoo
+from atp_jax.models.config import ModelConfig
+from atp_jax.models.loading import LoadedModel
+from atp_jax.models.modeling import random_model
+from atp_jax.tables.table import Example, Table
+
+EXAMPLE = Example(
+    "Which team was first?",
+    Table(["Team", "City", "Wins"], [["Lions", "Paris", "3"], ["Bears", "Rome", "12"], ["Owls", "Oslo", "7"],
+                                     ["Foxes", "Lima", "1"]]),
+    ["Lions"],
+    "toy",
+)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    tokenizer = gguf.load_gguf_tokenizer(zoo.resolve("smollm2-135m-instruct"))
+    config = ModelConfig(architecture="llama", vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
+                         num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, tie_word_embeddings=True)
+    model = random_model(config, seed=0)
+    model.embed_tokens[...] = 20.0 * model.embed_tokens[...]  # sharper, order-sensitive logits
+    return LoadedModel("tiny", config, model, tokenizer, "random", 0.0)
+
+
+@pytest.fixture(scope="module")
+def problem(tiny):
+    return make_problem(tiny, EXAMPLE)
+
+
+def test_hard_d_step_loss_equals_answer_loss_on_rerendered_table(tiny, problem):
+    row_perm, col_perm = np.array([2, 0, 3, 1]), np.array([1, 2, 0])
+    body = soft_body(problem.tensors, pin_header(perm_to_matrix(jnp.asarray(row_perm))),
+                     perm_to_matrix(jnp.asarray(col_perm)), jnp.asarray(row_perm), jnp.asarray(col_perm))
+    step_loss = float(objective_value(problem.tensors, answer_logits(tiny.model, problem.tensors, body[None]), "ce")[0])
+    true = answer_loss(tiny, EXAMPLE, EXAMPLE.table.permute(row_perm, col_perm))
+    assert abs(step_loss - true) < 1e-3
+    batched = hard_losses(tiny.model, problem.tensors, jnp.asarray(row_perm)[None], jnp.asarray(col_perm)[None])
+    assert abs(float(batched[0]) - true) < 1e-3
+
+
+def test_vmapped_restarts_equal_sequential_runs(tiny, problem):
+    cfg = ATPConfig(n_attack=3, restarts=3, init="random_perm", straight_through=True)
+    keys = jax.random.split(jax.random.key(0), 3)
+    trace, rows, cols = run_atp(tiny.model, problem.tensors, keys, cfg)
+    single = dataclasses.replace(cfg, restarts=1)
+    for r in range(3):
+        trace_r, rows_r, cols_r = run_atp(tiny.model, problem.tensors, keys[r:r + 1], single)
+        np.testing.assert_allclose(trace["loss"][r], trace_r["loss"][0], rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(rows[r], rows_r[0])
+        np.testing.assert_array_equal(cols[r], cols_r[0])
+
+
+def test_same_seed_same_result_and_different_seed_differs(tiny, problem):
+    cfg = ATPConfig(n_attack=3, restarts=2, init="random_perm", straight_through=True, keep_best=True, seed=4)
+    a = attack(tiny, EXAMPLE, cfg, problem=problem)
+    b = attack(tiny, EXAMPLE, cfg, problem=problem)
+    assert (a.row_perm, a.col_perm, a.loss, a.trace["loss"]) == (b.row_perm, b.col_perm, b.loss, b.trace["loss"])
+    c = attack(tiny, EXAMPLE, dataclasses.replace(cfg, seed=5), problem=problem)
+    assert c.trace["loss"] != a.trace["loss"]
+
+
+def test_paper_preset_runs_and_counts_calls(tiny, problem):
+    result = attack(tiny, EXAMPLE, preset("paper", n_attack=4), problem=problem)
+    assert sorted(result.row_perm) == [0, 1, 2, 3] and sorted(result.col_perm) == [0, 1, 2]
+    assert result.forward_calls == 4 and result.backward_calls == 4
+    assert result.loss == pytest.approx(answer_loss(tiny, EXAMPLE, result.table), abs=1e-6)
+    assert np.isfinite(result.trace["objective"]).all()
+
+
+def test_row_and_col_modes_leave_the_other_dimension_alone(tiny, problem):
+    row = attack(tiny, EXAMPLE, preset("paper", mode="row", n_attack=2, init="random_perm"), problem=problem)
+    col = attack(tiny, EXAMPLE, preset("paper", mode="col", n_attack=2, init="random_perm"), problem=problem)
+    assert row.col_perm == (0, 1, 2) and col.row_perm == (0, 1, 2, 3)
+
+
+def test_best_of_k_is_the_brute_force_maximum_of_its_samples(tiny, problem):
+    evaluator = Evaluator(tiny, problem)
+    result = baselines.best_of_k(evaluator, np.random.default_rng(0), k=6)
+    rows, cols = baselines.random_orders(Evaluator(tiny, problem), np.random.default_rng(0), 6)
+    singles = [answer_loss(tiny, EXAMPLE, EXAMPLE.table.permute(r, c)) for r, c in zip(rows, cols)]
+    assert result.forward_calls == 6
+    assert result.loss == pytest.approx(max(singles), abs=1e-4)
+
+
+def test_evolution_uses_thirty_queries_and_keeps_valid_orders(tiny, problem):
+    result = baselines.evolution(Evaluator(tiny, problem), np.random.default_rng(1))
+    assert result.forward_calls == 30
+    best = result.trace["best_per_generation"]
+    assert all(later >= earlier for earlier, later in zip(best, best[1:]))  # elitism
+    assert sorted(result.row_perm) == [0, 1, 2, 3]
+
+
+def test_order_crossover_yields_permutations():
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        k = rng.integers(1, 9)
+        child = baselines.order_crossover(rng.permutation(k), rng.permutation(k), rng)
+        assert sorted(child) == list(range(k))
+
+
+def test_predicted_swap_gains_match_first_order_brute_force():
+    rng = np.random.default_rng(0)
+    G = rng.standard_normal((5, 5))
+    perm = rng.permutation(5)
+    pairs, gains = predicted_swap_gains(G, perm)
+    P = np.eye(5)[perm]
+    for (a, b), gain in zip(pairs, gains):
+        swapped = perm.copy()
+        swapped[[a, b]] = swapped[[b, a]]
+        assert gain == pytest.approx(np.sum(G * (np.eye(5)[swapped] - P)))
+
+
+def test_search_and_controls_spend_the_same_budget(tiny, problem):
+    results = [attack(tiny, EXAMPLE, preset(name, n_attack=1, candidates=4), problem=problem) for name in
+               ("search", "search_reversed", "search_random")]
+    assert [(r.forward_calls, r.backward_calls) for r in results] == [(5, 1)] * 3
+    assert all(r.loss >= r.clean_loss - 1e-6 for r in results)  # the search never returns a worse order
+
+
+def test_swap_rank_correlation_reports_all_swaps(tiny, problem):
+    stats = swap_rank_correlation(Evaluator(tiny, problem))
+    assert stats["swaps"] == 6 + 3  # C(4,2) row swaps + C(3,2) column swaps
+    assert -1.0 <= stats["spearman"] <= 1.0
+
+
+def test_unattackable_examples_give_clear_errors(tiny):
+    with pytest.raises(AttackInputError, match="1x1 table has no order"):
+        make_problem(tiny, Example("q", Table(["a"], [["1"]]), ["1"], "one"))
+    with pytest.raises(AttackInputError, match="no reference answer"):
+        make_problem(tiny, Example("q", EXAMPLE.table, [], "none"))
+    with pytest.raises(AttackInputError, match="over the limit"):
+        make_problem(tiny, EXAMPLE, max_seq_length=20)
+    single_row = Example("q", Table(["a", "b"], [["1", "2"]]), ["1"], "row")
+    with pytest.raises(AttackInputError, match="one data row"):
+        attack(tiny, single_row, preset("paper", mode="row"))
+    result = attack(tiny, single_row, preset("paper", mode="col", n_attack=2))  # columns still permutable
+    assert sorted(result.col_perm) == [0, 1]
