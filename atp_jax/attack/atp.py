@@ -32,6 +32,19 @@ def _init_theta(key, k: int, cfg: ATPConfig):
     return cfg.init_scale * perm_to_matrix(start) + noise
 
 
+def _steer(grads, direction: str, key):
+    """The gradient itself, or a control: reversed, or a random direction of the same norm per matrix."""
+    if direction == "gradient":
+        return grads
+    if direction == "reversed":
+        return jax.tree.map(jnp.negative, grads)
+    leaves, treedef = jax.tree.flatten(grads)
+    keys = jax.random.split(key, len(leaves))
+    noise = [jax.random.normal(k, g.shape) for k, g in zip(keys, leaves)]
+    scaled = [z * jnp.linalg.norm(g) / (jnp.linalg.norm(z) + 1e-12) for z, g in zip(noise, leaves)]
+    return jax.tree.unflatten(treedef, scaled)
+
+
 def _relax(theta, enabled: bool, cfg: ATPConfig):
     """(soft D, hard perm) of one dimension, or the identity when the mode leaves it alone."""
     k = theta.shape[-1]
@@ -75,6 +88,7 @@ def run_atp(model: Transformer, t: ProblemTensors, keys, cfg: ATPConfig):
         def step(carry, i):
             params, opt_state = carry
             (value, aux), grads = jax.value_and_grad(objective, has_aux=True)(params, i)
+            grads = _steer(grads, cfg.direction, jax.random.fold_in(key, i))
             ascent = jax.tree.map(jnp.negative, grads)  # optax minimises; we maximise the objective
             updates, opt_state = optimizer.update(ascent, opt_state, params)
             return (optax.apply_updates(params, updates), opt_state), {**aux, "objective": value}
@@ -96,33 +110,31 @@ def atp_attack(evaluator: Evaluator, cfg: ATPConfig, name: str = "atp") -> Attac
     evaluator.forward_calls += R * steps
     evaluator.backward_calls += R * steps
 
-    rows, cols = list(np.asarray(final_r)), list(np.asarray(final_c))
+    finals = [(tuple(map(int, r)), tuple(map(int, c))) for r, c in zip(np.asarray(final_r), np.asarray(final_c))]
+    visited = [(tuple(map(int, r)), tuple(map(int, c))) for r, c in zip(trace["row_perm"].reshape(R * steps, -1),
+                                                                         trace["col_perm"].reshape(R * steps, -1))]
+    scored: dict[tuple, float] = {}
     if cfg.keep_best:
-        if cfg.straight_through:  # the traced loss is the hard order's own loss: best step known for free
-            best = trace["loss"].argmax(axis=1)
-            rows += [trace["row_perm"][r, best[r]] for r in range(R)]
-            cols += [trace["col_perm"][r, best[r]] for r in range(R)]
+        if cfg.straight_through and evaluator.problem.layout.is_compositional:
+            # The traced loss is the hard order's own loss, equal to the re-rendered text's: known for free.
+            scored = {order: float(loss) for order, loss in zip(visited, trace["loss"].reshape(-1))}
         else:  # soft forwards say nothing exact about the hard orders: score the distinct ones visited
-            visited = {(tuple(a), tuple(b)) for a, b in zip(trace["row_perm"].reshape(R * steps, -1),
-                                                            trace["col_perm"].reshape(R * steps, -1))}
-            visited = sorted(visited)
-            losses = evaluator.losses([v[0] for v in visited], [v[1] for v in visited])
-            best = visited[int(np.argmax(losses))]
-            rows.append(np.array(best[0]))
-            cols.append(np.array(best[1]))
-    candidates = sorted({(tuple(map(int, r)), tuple(map(int, c))) for r, c in zip(rows, cols)})
-    if len(candidates) == 1:
-        chosen = candidates[0]
-    else:  # final choice by the true loss of each distinct candidate; these forwards are counted
-        true = evaluator.true_losses([c[0] for c in candidates], [c[1] for c in candidates])
-        evaluator.forward_calls += len(candidates)
-        chosen = candidates[int(np.argmax(true))]
+            distinct = sorted(set(visited))
+            scored = dict(zip(distinct, map(float, evaluator.losses([o[0] for o in distinct], [o[1] for o in distinct]))))
+    unscored = sorted(set(finals) - set(scored))
+    if unscored and (scored or len(unscored) > 1):  # a choice to make: score the restarts' final orders
+        if evaluator.problem.layout.is_compositional:
+            values = evaluator.losses([o[0] for o in unscored], [o[1] for o in unscored])
+        else:  # per-cell tokens differ from the text's: choose by the re-rendered text itself
+            values = evaluator.true_losses([o[0] for o in unscored], [o[1] for o in unscored])
+            evaluator.forward_calls += len(unscored)
+        scored.update(zip(unscored, map(float, values)))
+    chosen = max(scored, key=scored.get) if scored else finals[0]
     summary = {
         "objective": trace["objective"].tolist(),
         "loss": trace["loss"].tolist(),
         "entropy_row": trace["entropy_row"].tolist(),
         "entropy_col": trace["entropy_col"].tolist(),
-        "distinct_orders_visited": len({(tuple(a), tuple(b)) for a, b in zip(
-            trace["row_perm"].reshape(R * steps, -1), trace["col_perm"].reshape(R * steps, -1))}),
+        "distinct_orders_visited": len(set(visited)),
     }
     return evaluator.result(name, np.array(chosen[0]), np.array(chosen[1]), summary)
