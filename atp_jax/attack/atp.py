@@ -115,7 +115,7 @@ def atp_attack(evaluator: Evaluator, cfg: ATPConfig, name: str = "atp") -> Attac
                                                                          trace["col_perm"].reshape(R * steps, -1))]
     scored: dict[tuple, float] = {}
     if cfg.keep_best:
-        if cfg.straight_through and evaluator.problem.layout.is_compositional:
+        if cfg.straight_through and evaluator.problem.layout.exact:
             # The traced loss is the hard order's own loss, equal to the re-rendered text's: known for free.
             scored = {order: float(loss) for order, loss in zip(visited, trace["loss"].reshape(-1))}
         else:  # soft forwards say nothing exact about the hard orders: score the distinct ones visited
@@ -123,7 +123,7 @@ def atp_attack(evaluator: Evaluator, cfg: ATPConfig, name: str = "atp") -> Attac
             scored = dict(zip(distinct, map(float, evaluator.losses([o[0] for o in distinct], [o[1] for o in distinct]))))
     unscored = sorted(set(finals) - set(scored))
     if unscored and (scored or len(unscored) > 1):  # a choice to make: score the restarts' final orders
-        if evaluator.problem.layout.is_compositional:
+        if evaluator.problem.layout.exact:
             values = evaluator.losses([o[0] for o in unscored], [o[1] for o in unscored])
         else:  # per-cell tokens differ from the text's: choose by the re-rendered text itself
             values = evaluator.true_losses([o[0] for o in unscored], [o[1] for o in unscored])

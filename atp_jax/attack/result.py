@@ -25,7 +25,7 @@ class AttackResult:
     """The order an attack chose and what it cost.
 
     loss: the objective of the chosen order measured on the re-rendered, re-tokenized text
-      (CE: ``answer_loss``; KL: the layout's KL, exact when the layout is compositional).
+      (CE: ``answer_loss``; KL: the layout's KL, exact when ``layout.exact``).
     clean_loss: the same for the original order.
     trace: per-step diagnostics (objective, CE of the hard order, entropies, …), method-specific.
     forward_calls / backward_calls: sequences forwarded / backpropagated.
