@@ -4,10 +4,26 @@ How fragile is LLM table question answering to the order of a table's rows and c
 searches for the worst order by gradient through Sinkhorn soft permutations.
 """
 
+from atp_jax.attack.config import ATPConfig, preset
+from atp_jax.attack.result import AttackResult
+from atp_jax.attack.run import attack
 from atp_jax.eval.qa import answer, answer_loss
 from atp_jax.models.loading import DEFAULT_MODEL, LoadedModel, load_model
 from atp_jax.tables.prompt import PromptStyle
 from atp_jax.tables.table import Example, Table
 
-__all__ = ["DEFAULT_MODEL", "Example", "LoadedModel", "PromptStyle", "Table", "answer", "answer_loss", "load_model"]
+__all__ = [
+    "ATPConfig",
+    "AttackResult",
+    "DEFAULT_MODEL",
+    "Example",
+    "LoadedModel",
+    "PromptStyle",
+    "Table",
+    "answer",
+    "answer_loss",
+    "attack",
+    "load_model",
+    "preset",
+]
 __version__ = "0.1.0"
