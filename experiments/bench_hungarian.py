@@ -15,7 +15,6 @@ import time
 from absl import app
 from absl import flags
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from atp_jax.attack.hungarian import project

@@ -80,3 +80,14 @@ def test_answer_loss_equals_mean_token_cross_entropy_from_full_logits(smollm):
         assert abs(answer_loss(smollm, example, table) - expected) < 1e-4
     both = answer_losses(smollm, example, [example.table, permuted])
     assert abs(both[0] - answer_loss(smollm, example)) < 1e-4 and abs(both[1] - answer_loss(smollm, example, permuted)) < 1e-4
+
+
+def test_a_loaded_model_can_judge(smollm):
+    from atp_jax.eval.judge import JudgeItem, ModelJudge
+
+    items = [JudgeItem("Who scored the most goals?", "Alice", "Alice"), JudgeItem("What is 2+3?", "5", "7")]
+    scores = ModelJudge.from_model(smollm).judge(items)
+    assert len(scores) == 2
+    for s in scores:  # a parsed score lies in [0, 1]; an unparsable reply is recorded as such, never as 0
+        assert (s.score is None and s.error == "unparsable") or (0.0 <= s.score <= 1.0 and s.error is None)
+        assert s.raw

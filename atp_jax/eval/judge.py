@@ -158,6 +158,13 @@ class ModelJudge:
             )
         return [parse_judge_score(str(reply)) for reply in replies]
 
+    @classmethod
+    def from_model(cls, loaded, max_new_tokens: int = 16) -> ModelJudge:
+        """A judge that is any model atp-jax loads, answering through its own greedy generation."""
+        from atp_jax.eval.generate import generate_chat
+
+        return cls(lambda prompts: generate_chat(loaded, prompts, max_new_tokens=max_new_tokens))
+
 
 class _RetryableError(Exception):
     """A failure worth retrying (timeout, connection error, HTTP 429 or 5xx)."""
