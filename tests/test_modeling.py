@@ -191,3 +191,17 @@ def test_load_model_rejects_unknown_specs(tmp_path):
         load_model("no-such-model")
     with pytest.raises(ValueError, match="needs config.json"):
         load_model(tmp_path)
+
+
+def test_sharded_checkpoint_with_index_loads_like_a_single_file(pair, tmp_path):
+    _, torch_model, model, config = pair
+    torch_model.save_pretrained(tmp_path, safe_serialization=True, max_shard_size="40KB")
+    assert (tmp_path / "model.safetensors.index.json").exists()
+    assert len(list(tmp_path.glob("*.safetensors"))) > 1
+    sharded = params.build_model(config, params.iter_safetensors(tmp_path))
+    ids = jnp.arange(6)[None]
+    args = (jnp.arange(6)[None], jnp.ones((1, 6), bool))
+    np.testing.assert_array_equal(sharded(sharded.embed(ids), *args).logits, model(model.embed(ids), *args).logits)
+    (tmp_path / sorted(p.name for p in tmp_path.glob("*.safetensors"))[0]).unlink()
+    with pytest.raises(params.WeightsError, match="lists shards that are not in the directory"):
+        list(params.iter_safetensors(tmp_path))
