@@ -155,3 +155,12 @@ def test_unattackable_examples_give_clear_errors(tiny):
         attack(tiny, single_row, preset("paper", mode="row"))
     result = attack(tiny, single_row, preset("paper", mode="col", n_attack=2))  # columns still permutable
     assert sorted(result.col_perm) == [0, 1]
+
+
+def test_warm_search_shares_start_and_budget_with_its_controls(tiny, problem):
+    results = [attack(tiny, EXAMPLE, preset(name), problem=problem) for name in
+               ("search_warm", "search_warm_reversed", "search_warm_random")]
+    # 1 original + 8 random starts, 1 gradient, then the 9 single swaps this 4x3 table has: 19 forwards.
+    assert [(r.forward_calls, r.backward_calls) for r in results] == [(19, 1)] * 3
+    best_start = results[0].trace["steps"][0]["current"]  # loss of the best starting order
+    assert all(r.loss >= best_start - 1e-4 for r in results)

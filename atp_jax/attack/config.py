@@ -93,7 +93,14 @@ def _engineered(**kw) -> ATPConfig:
 
 
 def _search(direction: str, **kw) -> ATPConfig:
+    """From the original order: 2 gradients x (1 + 8 candidates) = 18 forwards + 2 backwards."""
     return ATPConfig(method="search", n_attack=2, candidates=8, direction=direction, **kw)
+
+
+def _warm_search(direction: str, **kw) -> ATPConfig:
+    """From the best of the original and 8 random orders, then 1 gradient + 11 ranked swaps: 20 forwards
+    + 1 backward, the budget of best-of-20. Its controls share the start and the budget."""
+    return ATPConfig(method="search", n_attack=1, candidates=11, start_samples=8, direction=direction, **kw)
 
 
 # Every name the experiment binaries accept. Budgets are kept comparable to best-of-20 (20 forwards).
@@ -115,6 +122,9 @@ PRESETS: dict[str, ATPConfig] = {
     "search": _search("gradient"),
     "search_reversed": _search("reversed"),
     "search_random": _search("random"),
+    "search_warm": _warm_search("gradient"),
+    "search_warm_reversed": _warm_search("reversed"),
+    "search_warm_random": _warm_search("random"),
 }
 
 
