@@ -12,22 +12,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import platform
 import sys
-import time
 from pathlib import Path
 
-import jax
 from absl import app, flags
 from tqdm import tqdm
 
 import atp_jax
 from atp_jax.attack.config import PRESETS, preset
-from atp_jax.attack.problem import AttackInputError, make_problem
-from atp_jax.attack.run import attack
-from atp_jax.data.datasets import filter_examples, load_dataset
-from atp_jax.eval.metrics import score
-from atp_jax.eval.qa import answers
+from atp_jax.distributed import MODES, maybe_initialize
+from atp_jax.eval.experiment import environment, manifest_path, results_path, run_one, select_examples
 from atp_jax.eval.records import append_record, done_keys, read_records
 from atp_jax.eval.report import markdown_table, summarize
 from atp_jax.tables.linearize import STYLES
@@ -53,6 +47,8 @@ flags.DEFINE_bool("generate", True, "Generate and score the model's answer under
 flags.DEFINE_string("output_dir", "results/demo", "Where results.jsonl and run.json go.")
 flags.DEFINE_integer("process_index", None, "This process's shard (default: jax.process_index()).")
 flags.DEFINE_integer("process_count", None, "Number of shards (default: jax.process_count()).")
+flags.DEFINE_enum("distributed", "auto", list(MODES),
+                  "Join jax.distributed: auto (when SLURM/TPU-slice/JAX_COORDINATOR_ADDRESS says so), on, off.")
 FLAGS = flags.FLAGS
 
 _GRADIENT_METHODS = ("atp", "search")
@@ -72,69 +68,43 @@ def _config(name: str):
 
 def main(argv):
     del argv
+    # First: jax.distributed must be joined before anything creates a backend.
+    jax_index, jax_count = maybe_initialize(FLAGS.distributed)
     unknown = [a for a in FLAGS.attacks if a not in PRESETS]
     if unknown:
         sys.exit(f"unknown attack(s) {', '.join(unknown)}; known: {', '.join(PRESETS)}")
-    process_index = jax.process_index() if FLAGS.process_index is None else FLAGS.process_index
-    process_count = jax.process_count() if FLAGS.process_count is None else FLAGS.process_count
+    process_index = jax_index if FLAGS.process_index is None else FLAGS.process_index
+    process_count = jax_count if FLAGS.process_count is None else FLAGS.process_count
     out = Path(FLAGS.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    results = out / ("results.jsonl" if process_count == 1 else f"results.shard{process_index}.jsonl")
+    results = results_path(out, process_index, process_count)
 
     model = atp_jax.load_model(FLAGS.model)
     style = PromptStyle(linearization=FLAGS.style)
-    examples = filter_examples(
-        load_dataset(FLAGS.dataset, FLAGS.split, FLAGS.data_dir),
-        order_sensitive=True if FLAGS.filter_order_sensitive else None,
-        max_rows=FLAGS.max_rows, max_cols=FLAGS.max_cols,
+    examples = select_examples(
+        FLAGS.dataset, FLAGS.split, FLAGS.data_dir, FLAGS.num_examples, FLAGS.filter_order_sensitive,
+        FLAGS.max_rows, FLAGS.max_cols, process_index, process_count,
     )
-    if FLAGS.num_examples:
-        examples = examples[: FLAGS.num_examples]
-    examples = examples[process_index::process_count]
     configs = {name: _config(name) for name in FLAGS.attacks}
     manifest = {
         "model": model.name, "model_source": model.source, "dataset": FLAGS.dataset, "split": FLAGS.split,
         "style": dataclasses.asdict(style), "attacks": {k: dataclasses.asdict(v) for k, v in configs.items()},
-        "examples": len(examples), "seed": FLAGS.seed, "jax": jax.__version__, "atp_jax": atp_jax.__version__,
-        "python": platform.python_version(), "devices": [str(d) for d in jax.devices()],
+        "examples": len(examples), "seed": FLAGS.seed, **environment(),
         "process_index": process_index, "process_count": process_count, "argv": sys.argv,
     }
-    (out / ("run.json" if process_count == 1 else f"run.shard{process_index}.json")).write_text(
-        json.dumps(manifest, indent=2)
-    )
+    manifest_path(out, process_index, process_count).write_text(json.dumps(manifest, indent=2))
 
     done = done_keys([results])
     todo = [(ex, name) for ex in examples for name in configs if (ex.id, name) not in done]
     print(f"{len(examples)} examples x {len(configs)} attacks: {len(done)} recorded, {len(todo)} to run")
     bar = tqdm(total=len(todo), desc="attacking")
     for example in examples:
-        names = [n for n in configs if (example.id, n) not in done]
-        if not names:
-            continue
-        problems = {}
-        for name in names:
-            config = configs[name]
-            try:
-                if config.objective not in problems:
-                    problems[config.objective] = make_problem(model, example, style, config.objective)
-                result = attack(model, example, config, style, name=name, problem=problems[config.objective])
-            except AttackInputError as e:
-                append_record(results, {"id": example.id, "attack": name, "skipped": str(e)})
-                bar.update()
+        problems = {}  # the example's precomputation, shared by its attacks
+        for name, config in configs.items():
+            if (example.id, name) in done:
                 continue
-            start = time.perf_counter()
-            prediction = None
-            scores = {}
-            if FLAGS.generate:
-                (prediction,) = answers(model, example, [result.table], style, FLAGS.max_new_tokens)
-                scores = score(example.dataset or "wtq", prediction, example.answers, example.meta)
-            append_record(results, {
-                "id": example.id, "attack": name, "row_perm": list(result.row_perm),
-                "col_perm": list(result.col_perm), "prediction": prediction, "scores": scores,
-                "answer_loss": result.loss, "clean_loss": result.clean_loss, "queries": result.forward_calls,
-                "backward_calls": result.backward_calls, "seconds": result.seconds,
-                "generate_seconds": time.perf_counter() - start, "trace": result.trace,
-            })
+            append_record(results, run_one(model, example, name, config, style, problems=problems,
+                                           generate=FLAGS.generate, max_new_tokens=FLAGS.max_new_tokens))
             bar.update()
     bar.close()
     records = [r for r in read_records(results) if "skipped" not in r]

@@ -2,7 +2,8 @@
 
 One JSON object per (example id, attack). Each record is written with a single ``os.write`` of one
 line on an ``O_APPEND`` descriptor and fsynced, so a killed run leaves either the whole line or
-nothing; a torn last line (power loss mid-write) is skipped when reading.
+nothing; a torn last line (power loss mid-write) is skipped when reading, and cut off before the next
+append, so that a resumed run does not glue its first record onto the fragment.
 """
 
 from __future__ import annotations
@@ -12,11 +13,31 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+_TAIL_BLOCK = 1 << 16  # bytes read per step when looking back for the last complete line
+
+
+def _complete_length(fd: int) -> int:
+    """Length of the file up to and including its last newline (0 when it has none)."""
+    end = os.fstat(fd).st_size
+    pos = end
+    while pos > 0:
+        start = max(0, pos - _TAIL_BLOCK)
+        block = os.pread(fd, pos - start, start)
+        newline = block.rfind(b"\n")
+        if newline >= 0:
+            return start + newline + 1
+        pos = start
+    return 0
+
 
 def append_record(path: str | os.PathLike, record: dict) -> None:
+    """Appends ``record`` as one JSON line (keys sorted), cutting off a torn last line first."""
     line = (json.dumps(record, ensure_ascii=False, sort_keys=True) + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
     try:
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            os.ftruncate(fd, _complete_length(fd))  # one writer per file: nobody else is mid-line
         os.write(fd, line)
         os.fsync(fd)
     finally:
@@ -24,17 +45,32 @@ def append_record(path: str | os.PathLike, record: dict) -> None:
 
 
 def read_records(path: str | os.PathLike) -> Iterator[dict]:
-    """Every complete record of a results file (a torn final line is ignored)."""
+    """Every complete record of a results file (a torn final line is ignored).
+
+    Raises ``ValueError`` naming the file and line when a complete line is not a JSON object: that is
+    not a torn write but a damaged or foreign file.
+    """
     path = Path(path)
     if not path.exists():
         return
     with path.open(encoding="utf-8") as f:
-        for line in f:
+        for number, line in enumerate(f, 1):
             if not line.endswith("\n"):
                 break  # torn last line: the run was killed mid-write
             line = line.strip()
-            if line:
-                yield json.loads(line)
+            if not line:
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(
+                    f"{path}:{number} is not a JSON record ({e.msg}); delete that line (the pair is then "
+                    "rerun on resume) or restore the file"
+                ) from None
+            if not isinstance(record, dict):
+                raise ValueError(f"{path}:{number} holds a JSON {type(record).__name__}, not a record object; "
+                                 "delete that line or restore the file")
+            yield record
 
 
 def done_keys(paths) -> set[tuple[str, str]]:

@@ -1,10 +1,22 @@
-"""Summaries of result records: one row per attack, the figures the paper's tables report."""
+"""Summaries of result records: per-run attack summaries, the paper-style score tables over results
+folders (merged shards, bootstrap intervals, markdown/CSV/bar chart), and ablation sweeps."""
 
 from __future__ import annotations
 
+import csv
+import dataclasses
+import io
+import json
+import os
+import re
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+
+from atp_jax.eval.records import read_records
 
 REFERENCE_ATTACK = "best_of_k"
 
@@ -44,3 +56,369 @@ def markdown_table(rows: list[dict]) -> str:
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(fmt(row.get(c, "")) for c in columns) + " |" for row in rows]
     return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- results folders
+
+SCORE_METRICS = ("accuracy", "em", "rougeL_recall")  # the default metric: the first one recorded
+LOSS_METRIC = "answer_loss"
+_SHARD = re.compile(r"results\.shard(\d+)\.jsonl$")
+_MANIFEST_SHARD = re.compile(r"run\.shard(\d+)\.json$")
+
+
+def results_files(folder: str | os.PathLike) -> list[Path]:
+    """``results.jsonl`` then ``results.shardK.jsonl`` by K: the record files of one results folder."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"results folder {folder} does not exist; pass the --output_dir of a run")
+    shards = sorted((p for p in folder.iterdir() if _SHARD.fullmatch(p.name)),
+                    key=lambda p: int(_SHARD.fullmatch(p.name).group(1)))
+    files = ([folder / "results.jsonl"] if (folder / "results.jsonl").is_file() else []) + shards
+    if not files:
+        raise FileNotFoundError(f"no results.jsonl or results.shard*.jsonl in {folder}; pass the --output_dir "
+                                "of run_attack.py, ablate.py or transfer.py")
+    return files
+
+
+def merge_records(paths: Iterable[str | os.PathLike]) -> list[dict]:
+    """The records of ``paths`` in order, one per (id, attack): the first occurrence wins (a shard rerun
+    under another process count may record a pair again)."""
+    seen, merged = set(), []
+    for path in paths:
+        for record in read_records(path):
+            key = (record["id"], record["attack"])
+            if key not in seen:
+                seen.add(key)
+                merged.append(record)
+    return merged
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One results folder: its manifest (``run.json``, or the first shard's) and merged records."""
+
+    folder: Path
+    manifest: dict
+    records: list[dict]
+
+    @property
+    def model(self) -> str:
+        return self.manifest["model"]
+
+    @property
+    def dataset(self) -> str:
+        return self.manifest.get("dataset", "?")
+
+
+def load_manifest(folder: str | os.PathLike) -> dict:
+    """``run.json``, or ``run.shardK.json`` of the lowest K; every shard must name the same model/dataset."""
+    folder = Path(folder)
+    paths = sorted((p for p in folder.glob("run.shard*.json") if _MANIFEST_SHARD.fullmatch(p.name)),
+                   key=lambda p: int(_MANIFEST_SHARD.fullmatch(p.name).group(1)))
+    if (folder / "run.json").is_file():
+        paths.insert(0, folder / "run.json")
+    if not paths:
+        raise FileNotFoundError(f"no run.json or run.shard*.json in {folder}: the manifest names the model; "
+                                "rerun the binary that wrote the results, or write one with a \"model\" key")
+    manifests = [json.loads(p.read_text()) for p in paths]
+    for path, manifest in zip(paths, manifests):
+        if "model" not in manifest:
+            raise ValueError(f"{path} has no \"model\" key; add the model's name to it")
+        for key in ("model", "dataset"):
+            if manifest.get(key) != manifests[0].get(key):
+                raise ValueError(f"{path} says {key}={manifest.get(key)!r} but {paths[0]} says "
+                                 f"{manifests[0].get(key)!r}: one folder must hold one run; move it out")
+    return manifests[0]
+
+
+def load_run(folder: str | os.PathLike) -> Run:
+    """Manifest and merged records (all shards, first (id, attack) kept) of one results folder."""
+    records = merge_records(results_files(folder))  # first: its error says whether the folder exists
+    return Run(Path(folder), load_manifest(folder), records)
+
+
+# --------------------------------------------------------------------------- aggregation
+
+def metric_value(record: dict, metric: str) -> float | None:
+    """The record's value of ``metric`` (a score, or ``answer_loss``); None when it was not measured."""
+    if "skipped" in record:
+        return None
+    if metric == LOSS_METRIC:
+        return record.get(LOSS_METRIC)
+    return (record.get("scores") or {}).get(metric)
+
+
+def available_metrics(records: Iterable[dict]) -> list[str]:
+    """Metrics with at least one value in ``records``: recorded scores (sorted), then ``answer_loss``."""
+    records = list(records)
+    scores = sorted({m for r in records if "skipped" not in r for m, v in (r.get("scores") or {}).items()
+                     if v is not None})
+    loss = [LOSS_METRIC] if any(metric_value(r, LOSS_METRIC) is not None for r in records) else []
+    return scores + loss
+
+
+def choose_metric(records: Iterable[dict], requested: str | None = None, where: str = "the records") -> str:
+    """``requested`` when recorded; by default the first of ``SCORE_METRICS`` recorded, else ``answer_loss``."""
+    available = available_metrics(records)
+    if requested is not None:
+        if requested not in available:
+            raise ValueError(f"metric {requested!r} is not recorded in {where}; available: "
+                             f"{', '.join(available) or 'none'} (runs with --nogenerate have no scores)")
+        return requested
+    for metric in (*SCORE_METRICS, LOSS_METRIC):
+        if metric in available:
+            return metric
+    raise ValueError(f"no metric recorded in {where}: every record was skipped")
+
+
+def bootstrap_ci(values, level: float = 0.95, resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean: resample the values with replacement ``resamples``
+    times (numpy, seeded: the same values give the same interval) and take the central ``level``."""
+    values = np.asarray(values, dtype=np.float64)
+    if values.size == 0:
+        raise ValueError("bootstrap_ci needs at least one value")
+    if not 0 < level < 1:
+        raise ValueError(f"level={level}: give the coverage as a fraction in (0, 1), e.g. 0.95")
+    rng = np.random.default_rng(seed)
+    means = values[rng.integers(0, values.size, size=(resamples, values.size))].mean(axis=1)
+    low, high = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
+    return float(low), float(high)
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    """Mean of a metric over the examples of one (model, attack), with its bootstrap interval."""
+
+    mean: float
+    n: int
+    low: float | None = None
+    high: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ScoreTable:
+    """One dataset's table: rows are models, columns attacks, cells the mean ``metric``."""
+
+    dataset: str
+    metric: str
+    models: list[str]
+    attacks: list[str]
+    cells: dict[tuple[str, str], Cell]
+    ci_level: float | None = None
+
+
+def _row_labels(runs: list[Run]) -> list[str]:
+    """Each run's row: its model; with the prompt style added when one model ran in several styles on
+    the same dataset (e.g. a transfer across styles), so those rows stay apart."""
+    def style(run):
+        s = run.manifest.get("style") or {}
+        return f"{s.get('linearization', '?')}/{s.get('reasoning', '?')}"
+
+    styles = defaultdict(set)
+    for run in runs:
+        styles[(run.model, run.dataset)].add(style(run))
+    return [run.model if len(styles[(run.model, run.dataset)]) == 1 else f"{run.model} ({style(run)})"
+            for run in runs]
+
+
+def score_tables(
+    runs: Iterable[Run], metric: str | None = None, ci: bool = False, level: float = 0.95,
+    resamples: int = 2000, seed: int = 0, paired: bool = False,
+) -> list[ScoreTable]:
+    """One table per dataset (in order of first appearance) over ``runs``.
+
+    Runs of the same model (and style) on the same dataset fill one row; a pair (id, attack) recorded in
+    several of them counts once, from the first run given. Columns are attacks in order of first
+    appearance. ``metric``: as ``choose_metric``, per dataset. ``ci``: add the bootstrap interval.
+    ``paired``: average each row only over the examples measured for every attack of the table, so that
+    a partial run compares its attacks on the same examples.
+    """
+    runs = list(runs)
+    rows: dict[str, dict[str, list[dict]]] = defaultdict(dict)  # dataset -> row label -> records
+    seen: dict[tuple[str, str], set] = defaultdict(set)
+    for run, label in zip(runs, _row_labels(runs)):
+        taken = seen[(run.dataset, label)]
+        fresh = [r for r in run.records if (r["id"], r["attack"]) not in taken]
+        taken.update((r["id"], r["attack"]) for r in fresh)
+        rows[run.dataset].setdefault(label, []).extend(fresh)
+    tables = []
+    for dataset, by_model in rows.items():
+        all_records = [r for recs in by_model.values() for r in recs]
+        chosen = choose_metric(all_records, metric, where=f"the {dataset!r} results")
+        attacks = list(dict.fromkeys(r["attack"] for r in all_records))
+        cells = {}
+        for model, records in by_model.items():
+            if paired:
+                measured = defaultdict(set)
+                for r in records:
+                    if metric_value(r, chosen) is not None:
+                        measured[r["id"]].add(r["attack"])
+                complete = {i for i, names in measured.items() if len(names) == len(attacks)}
+                records = [r for r in records if r["id"] in complete]
+            for attack in attacks:
+                values = [v for r in records if r["attack"] == attack
+                          and (v := metric_value(r, chosen)) is not None]
+                if not values:
+                    continue
+                low, high = bootstrap_ci(values, level, resamples, seed) if ci else (None, None)
+                cells[(model, attack)] = Cell(statistics.fmean(values), len(values), low, high)
+        tables.append(ScoreTable(dataset, chosen, list(by_model), attacks, cells, level if ci else None))
+    return tables
+
+
+# --------------------------------------------------------------------------- output
+
+def _cell_text(cell: Cell | None, show_n: bool) -> str:
+    if cell is None:
+        return "–"
+    text = f"{cell.mean:.3f}"
+    if cell.low is not None:
+        text += f" ± {(cell.high - cell.low) / 2:.3f}"
+    return text + (f" (n={cell.n})" if show_n else "")
+
+
+def score_markdown(tables: list[ScoreTable]) -> str:
+    """Each table as a markdown section: mean per cell, ``± half the bootstrap interval`` with ``ci``
+    (the CSV has the interval's ends), and ``(n=…)`` in the cells when the example counts differ."""
+    sections = []
+    for t in tables:
+        counts = {c.n for c in t.cells.values()}
+        title = f"### {t.dataset}: mean {t.metric}"
+        if t.ci_level is not None:
+            title += f" ± half the {t.ci_level:.0%} bootstrap interval"
+        if len(counts) == 1:
+            n = counts.pop()
+            title += f" ({n} example{'s' if n != 1 else ''} per cell)"
+        lines = [title, "", "| model | " + " | ".join(t.attacks) + " |", "|---|" + "---|" * len(t.attacks)]
+        show_n = len({c.n for c in t.cells.values()}) > 1
+        for model in t.models:
+            lines.append(f"| {model} | " + " | ".join(_cell_text(t.cells.get((model, a)), show_n)
+                                                     for a in t.attacks) + " |")
+        sections.append("\n".join(lines))
+    return "\n\n".join(sections) if sections else "(no records)"
+
+
+def score_csv(tables: list[ScoreTable]) -> str:
+    """The tables as one CSV: a row per (dataset, model); per attack its mean, ``n`` and, with ``ci``,
+    ``ci_low``/``ci_high``. Columns are the union of the attacks; an unmeasured cell is empty."""
+    attacks = list(dict.fromkeys(a for t in tables for a in t.attacks))
+    with_ci = any(t.ci_level is not None for t in tables)
+    header = ["dataset", "metric", "model"]
+    for a in attacks:
+        header += [a, f"{a} n"] + ([f"{a} ci_low", f"{a} ci_high"] if with_ci else [])
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(header)
+    for t in tables:
+        for model in t.models:
+            row = [t.dataset, t.metric, model]
+            for a in attacks:
+                cell = t.cells.get((model, a))
+                values = [] if cell is None else [cell.mean, cell.n] + ([cell.low, cell.high] if with_ci else [])
+                row += [repr(v) if isinstance(v, float) else v for v in values] or [""] * (4 if with_ci else 2)
+            writer.writerow(row)
+    return buffer.getvalue()
+
+
+def _figure(width: float, height: float):
+    # The object API with an explicit Agg canvas: no pyplot, no global backend to switch.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(figure)
+    return figure
+
+
+def plot_scores(tables: list[ScoreTable], path: str | os.PathLike) -> None:
+    """Bar chart PNG: a panel per dataset, attacks along x, a bar per model, interval whiskers with ``ci``."""
+    if not tables:
+        raise ValueError("plot_scores: no tables to plot")
+    widest = max(len(t.attacks) * max(len(t.models), 1) for t in tables)
+    figure = _figure(max(4.0, 0.35 * widest + 2) * len(tables), 4.0)
+    axes = figure.subplots(1, len(tables), squeeze=False)[0]
+    for ax, t in zip(axes, tables):
+        x = np.arange(len(t.attacks))
+        width = 0.8 / max(len(t.models), 1)
+        for k, model in enumerate(t.models):
+            cells = [t.cells.get((model, a)) for a in t.attacks]
+            means = [c.mean if c else np.nan for c in cells]
+            err = None
+            if t.ci_level is not None:
+                err = np.array([[c.mean - c.low, c.high - c.mean] if c else [np.nan, np.nan] for c in cells]).T
+            ax.bar(x + (k - (len(t.models) - 1) / 2) * width, means, width, yerr=err, capsize=2, label=model)
+        ax.set_xticks(x, t.attacks, rotation=30, ha="right")
+        ax.set_ylabel(t.metric)
+        ax.set_title(t.dataset)
+        ax.legend(fontsize="small")
+    figure.savefig(path, dpi=150)
+
+
+# --------------------------------------------------------------------------- ablations
+
+_SWEEP = re.compile(r"(?P<base>[^@]+)@(?P<parameter>[A-Za-z_]+)=(?P<value>[^@=]+)")
+
+
+def sweep_name(base: str, parameter: str, value: float) -> str:
+    """Attack name of one sweep point, e.g. ``paper@lambda=1``, ``paper@n_attack=40``."""
+    return f"{base}@{parameter}={value:g}"
+
+
+def parse_sweep_name(name: str) -> tuple[str, str, float] | None:
+    """``(base, parameter, value)`` of a sweep attack name, None for any other name."""
+    match = _SWEEP.fullmatch(name)
+    if match is None:
+        return None
+    try:
+        return match["base"], match["parameter"], float(match["value"])
+    except ValueError:
+        return None
+
+
+def sweep_rows(records: Iterable[dict], parameter: str, metric: str | None = None) -> list[dict]:
+    """Table-5-style rows of one sweep, by value: examples, mean loss, mean clean loss, mean ``metric``
+    (default: the first recorded of ``SCORE_METRICS``; omitted when none was recorded)."""
+    records = [r for r in records if "skipped" not in r]
+    points: dict[float, list[dict]] = defaultdict(list)
+    for r in records:
+        parsed = parse_sweep_name(r["attack"])
+        if parsed is not None and parsed[1] == parameter:
+            points[parsed[2]].append(r)
+    if metric is None:
+        metric = next((m for m in SCORE_METRICS if m in available_metrics(records)), None)
+    rows = []
+    for value in sorted(points):
+        recs = points[value]
+        row = {parameter: int(value) if value.is_integer() else value, "examples": len(recs),
+               "mean_loss": statistics.fmean(r["answer_loss"] for r in recs),
+               "mean_clean_loss": statistics.fmean(r["clean_loss"] for r in recs)}
+        if metric is not None:
+            values = [v for r in recs if (v := metric_value(r, metric)) is not None]
+            row[f"mean_{metric}"] = statistics.fmean(values) if values else float("nan")
+        rows.append(row)
+    return rows
+
+
+def plot_sweeps(sweeps: dict[str, list[dict]], path: str | os.PathLike) -> None:
+    """Figure-6-style PNG: a panel per swept parameter, mean loss (left axis) and, where recorded, the
+    mean score (right axis) against the parameter's value."""
+    sweeps = {p: rows for p, rows in sweeps.items() if rows}
+    if not sweeps:
+        raise ValueError("plot_sweeps: no sweep has any recorded point")
+    figure = _figure(4.5 * len(sweeps), 3.5)
+    axes = figure.subplots(1, len(sweeps), squeeze=False)[0]
+    for ax, (parameter, rows) in zip(axes, sweeps.items()):
+        x = [row[parameter] for row in rows]
+        ax.plot(x, [row["mean_loss"] for row in rows], "o-", color="tab:red")
+        ax.set_xticks(x)
+        ax.ticklabel_format(axis="y", useOffset=False)
+        ax.set_xlabel(parameter)
+        ax.set_title(f"{parameter} sweep")
+        ax.set_ylabel("mean answer loss", color="tab:red")
+        score_keys = [k for k in rows[0] if k.startswith("mean_") and k not in ("mean_loss", "mean_clean_loss")]
+        if score_keys:
+            twin = ax.twinx()
+            twin.plot(x, [row[score_keys[0]] for row in rows], "s--", color="tab:blue")
+            twin.set_ylabel(score_keys[0].removeprefix("mean_"), color="tab:blue")
+            twin.ticklabel_format(axis="y", useOffset=False)
+    figure.savefig(path, dpi=150)

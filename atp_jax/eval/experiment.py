@@ -1,0 +1,172 @@
+"""What the experiment binaries share: choosing examples, where results go, one recorded attack.
+
+``run_attack.py``, ``ablate.py`` and ``transfer.py`` all write the same record schema (see
+``run_one``) into ``results.jsonl`` (one process) or ``results.shardK.jsonl`` (process K of several),
+with a ``run.json`` / ``run.shardK.json`` manifest beside it, so ``report.py`` reads any of them.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import jax
+
+import atp_jax
+from atp_jax.attack.config import ATPConfig
+from atp_jax.attack.problem import AttackInputError, make_problem
+from atp_jax.attack.run import attack
+from atp_jax.data.datasets import filter_examples, load_dataset
+from atp_jax.eval.metrics import score
+from atp_jax.eval.qa import answer_losses, answers
+from atp_jax.models.loading import LoadedModel
+from atp_jax.tables.prompt import PromptStyle
+from atp_jax.tables.table import Example
+
+
+def select_examples(
+    dataset: str,
+    split: str = "dev",
+    data_dir: str | os.PathLike | None = None,
+    num_examples: int = 0,
+    order_sensitive_only: bool = True,
+    max_rows: int | None = None,
+    max_cols: int | None = None,
+    process_index: int = 0,
+    process_count: int = 1,
+) -> list[Example]:
+    """The examples one process attacks.
+
+    Loads ``dataset``, keeps order-sensitive questions (the paper's rule; ``order_sensitive_only=False``
+    keeps all) with tables of at most ``max_rows`` x ``max_cols``, takes the first ``num_examples``
+    (0: all), then every ``process_count``-th from ``process_index``: shards are disjoint and together
+    cover the selection, whatever the number of processes.
+    """
+    if process_count < 1 or not 0 <= process_index < process_count:
+        raise ValueError(f"process_index={process_index} must be in [0, process_count={process_count}); "
+                         "pass --process_index K --process_count N with 0 <= K < N")
+    if num_examples < 0:
+        raise ValueError(f"num_examples={num_examples}: pass 0 for all examples or a positive count")
+    examples = filter_examples(
+        load_dataset(dataset, split, data_dir),
+        order_sensitive=True if order_sensitive_only else None, max_rows=max_rows, max_cols=max_cols,
+    )
+    if num_examples:
+        examples = examples[:num_examples]
+    return examples[process_index::process_count]
+
+
+def results_path(output_dir: str | os.PathLike, process_index: int, process_count: int) -> Path:
+    """``results.jsonl`` for a single process, ``results.shardK.jsonl`` for process K of several."""
+    name = "results.jsonl" if process_count == 1 else f"results.shard{process_index}.jsonl"
+    return Path(output_dir) / name
+
+
+def manifest_path(output_dir: str | os.PathLike, process_index: int, process_count: int) -> Path:
+    """``run.json`` for a single process, ``run.shardK.json`` for process K of several."""
+    name = "run.json" if process_count == 1 else f"run.shard{process_index}.json"
+    return Path(output_dir) / name
+
+
+def environment() -> dict:
+    """Versions and devices, for a run's manifest (touches the JAX backend)."""
+    return {"jax": jax.__version__, "atp_jax": atp_jax.__version__, "python": platform.python_version(),
+            "devices": [str(d) for d in jax.devices()]}
+
+
+def _answer_and_scores(model: LoadedModel, example: Example, tables, style: PromptStyle, max_new_tokens: int):
+    predictions = answers(model, example, tables, style, max_new_tokens)
+    return [(p, score(example.dataset or "wtq", p, example.answers, example.meta)) for p in predictions]
+
+
+def run_one(
+    model: LoadedModel,
+    example: Example,
+    name: str,
+    config: ATPConfig,
+    style: PromptStyle,
+    *,
+    problems: dict | None = None,
+    generate: bool = True,
+    max_new_tokens: int = 32,
+) -> dict:
+    """Runs attack ``name`` (configured by ``config``) on ``example`` and returns its result record.
+
+    The record: ``id``, ``attack``, ``row_perm``, ``col_perm``, ``prediction`` (the model's answer under
+    the chosen order, None without ``generate``), ``scores`` (the dataset's metrics of that answer, {}
+    without ``generate``), ``answer_loss`` / ``clean_loss`` (reference-answer loss under the chosen /
+    original order, on re-rendered text), ``queries`` / ``backward_calls`` (sequences forwarded /
+    backpropagated), ``seconds`` (the attack), ``generate_seconds`` and ``trace``. An example the attack
+    cannot take gives ``{"id", "attack", "skipped": reason}``.
+
+    ``problems`` caches the example's precomputation by objective across calls; pass the same dict for
+    every attack of one example (and a fresh one for the next example).
+    """
+    problems = {} if problems is None else problems
+    try:
+        if config.objective not in problems:
+            problems[config.objective] = make_problem(model, example, style, config.objective)
+        result = attack(model, example, config, style, name=name, problem=problems[config.objective])
+    except AttackInputError as e:
+        return {"id": example.id, "attack": name, "skipped": str(e)}
+    start = time.perf_counter()
+    prediction, scores = None, {}
+    if generate:
+        ((prediction, scores),) = _answer_and_scores(model, example, [result.table], style, max_new_tokens)
+    return {
+        "id": example.id, "attack": name, "row_perm": list(result.row_perm),
+        "col_perm": list(result.col_perm), "prediction": prediction, "scores": scores,
+        "answer_loss": result.loss, "clean_loss": result.clean_loss, "queries": result.forward_calls,
+        "backward_calls": result.backward_calls, "seconds": result.seconds,
+        "generate_seconds": time.perf_counter() - start, "trace": result.trace,
+    }
+
+
+def replay(
+    model: LoadedModel,
+    example: Example,
+    sources: Sequence[dict],
+    style: PromptStyle,
+    *,
+    source: dict,
+    generate: bool = False,
+    max_new_tokens: int = 32,
+) -> list[dict]:
+    """Scores the orders recorded in ``sources`` (records of ``example`` from another run) on ``model``.
+
+    All orders and the original one are scored in one batched ``answer_losses`` call; with
+    ``generate`` the model also answers under each order. Returns one record per source, in the
+    schema of ``run_one`` (``queries``: 1 forward per order; ``trace`` empty) plus
+    ``transferred_from``: ``source`` (where the orders come from) with the source record's
+    ``answer_loss``. A skipped source record stays skipped.
+    """
+    usable = [r for r in sources if "skipped" not in r]
+    for r in usable:
+        if r["id"] != example.id:
+            raise ValueError(f"replay: record of example {r['id']!r} passed with example {example.id!r}")
+    start = time.perf_counter()
+    tables = [example.table.permute(r["row_perm"], r["col_perm"]) for r in usable]
+    losses = answer_losses(model, example, [example.table, *tables], style) if usable else []
+    seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    generated = _answer_and_scores(model, example, tables, style, max_new_tokens) if generate and usable else []
+    generate_seconds = time.perf_counter() - start
+    out, k = [], 0
+    for r in sources:
+        if "skipped" in r:
+            out.append({"id": r["id"], "attack": r["attack"], "skipped": r["skipped"],
+                        "transferred_from": source})
+            continue
+        prediction, scores = generated[k] if generate else (None, {})
+        out.append({
+            "id": example.id, "attack": r["attack"], "row_perm": list(r["row_perm"]),
+            "col_perm": list(r["col_perm"]), "prediction": prediction, "scores": scores,
+            "answer_loss": float(losses[k + 1]), "clean_loss": float(losses[0]), "queries": 1,
+            "backward_calls": 0, "seconds": seconds / len(usable), "generate_seconds": generate_seconds / len(usable),
+            "trace": {}, "transferred_from": {**source, "answer_loss": r.get("answer_loss")},
+        })
+        k += 1
+    return out

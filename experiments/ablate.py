@@ -1,0 +1,148 @@
+"""λ and N_attack sweeps of one ATP preset (the paper's Table 5 and Figure 6).
+
+  python experiments/ablate.py --model smollm2-135m-instruct --attack paper --num_examples 12 \
+      --output_dir results/ablation
+
+For each swept value the preset runs with that override on the same examples (λ sets λ_r and λ_c;
+N_attack the steps or search iterations), recorded as attack ``paper@lambda=1``,
+``paper@n_attack=40``, … in the schema of run_attack.py: ``OUTPUT_DIR/lambda/results.jsonl`` and
+``OUTPUT_DIR/n_attack/results.jsonl`` (``results.shardK.jsonl`` per process), each with its run.json,
+resumed on rerun. Then prints value → mean loss / mean score and writes ``OUTPUT_DIR/ablation.md`` and
+the line plot ``OUTPUT_DIR/ablation.png``. ``report.py --results OUTPUT_DIR/lambda`` reads a sweep too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+from pathlib import Path
+
+from absl import app, flags
+from tqdm import tqdm
+
+import atp_jax
+from atp_jax.attack.config import PRESETS, preset
+from atp_jax.distributed import MODES, maybe_initialize
+from atp_jax.eval.experiment import environment, manifest_path, results_path, run_one, select_examples
+from atp_jax.eval.records import append_record, done_keys
+from atp_jax.eval.report import markdown_table, merge_records, plot_sweeps, results_files, sweep_name, sweep_rows
+from atp_jax.tables.linearize import STYLES
+from atp_jax.tables.prompt import PromptStyle
+
+SWEEPS = ("lambda", "n_attack")
+
+flags.DEFINE_string("model", "smollm2-135m-instruct", "Zoo name, HF model directory or .gguf file.")
+flags.DEFINE_string("dataset", "sample", "sample | wtq | tatqa | fetaqa | path.jsonl")
+flags.DEFINE_string("data_dir", None, "Folder with wtq/, tatqa/, fetaqa/ (default: $ATP_JAX_DATA).")
+flags.DEFINE_string("split", "dev", "Dataset split.")
+flags.DEFINE_integer("num_examples", 12, "Examples (after filtering), 0 for all.")
+flags.DEFINE_bool("filter_order_sensitive", True, "Keep only questions that mention order (paper's rule).")
+flags.DEFINE_integer("max_rows", 12, "Skip tables with more data rows.")
+flags.DEFINE_integer("max_cols", 8, "Skip tables with more columns.")
+flags.DEFINE_enum("style", "markdown", list(STYLES), "Table linearization.")
+flags.DEFINE_string("attack", "paper", "The preset swept (an ATP preset; N_attack also takes a search preset).")
+flags.DEFINE_list("sweeps", ",".join(SWEEPS), f"Which sweeps to run: {', '.join(SWEEPS)}.")
+flags.DEFINE_list("lambdas", "0,1,5,10,20", "λ values (λ_r = λ_c).")
+flags.DEFINE_list("n_attacks", "5,10,20,40", "N_attack values.")
+flags.DEFINE_integer("seed", 0, "Seed of every attack.")
+flags.DEFINE_integer("max_new_tokens", 32, "Generation budget for the answer under the chosen order.")
+flags.DEFINE_bool("generate", True, "Generate and score the model's answer under each chosen order.")
+flags.DEFINE_string("output_dir", "results/ablation", "Where the sweep folders, ablation.md and ablation.png go.")
+flags.DEFINE_integer("process_index", None, "This process's shard (default: jax.process_index()).")
+flags.DEFINE_integer("process_count", None, "Number of shards (default: jax.process_count()).")
+flags.DEFINE_enum("distributed", "auto", list(MODES),
+                  "Join jax.distributed: auto (when SLURM/TPU-slice/JAX_COORDINATOR_ADDRESS says so), on, off.")
+FLAGS = flags.FLAGS
+
+
+def _values(flag: str, cast) -> list:
+    try:
+        return [cast(v) for v in getattr(FLAGS, flag)]
+    except ValueError:
+        sys.exit(f"--{flag}={','.join(getattr(FLAGS, flag))}: give a comma list of numbers, e.g. --{flag}=0,1,5")
+
+
+def _sweep_configs() -> dict[str, dict]:
+    """Sweep → {attack name: config}, after checking the preset can take the override."""
+    name = FLAGS.attack
+    if name not in PRESETS:
+        sys.exit(f"unknown --attack {name!r}; known: {', '.join(PRESETS)}")
+    unknown = [s for s in FLAGS.sweeps if s not in SWEEPS]
+    if unknown:
+        sys.exit(f"unknown sweep(s) {', '.join(unknown)}; choose from {', '.join(SWEEPS)}")
+    method = PRESETS[name].method
+    atp_presets = ", ".join(n for n, c in PRESETS.items() if c.method == "atp")
+    sweeps = {}
+    if "lambda" in FLAGS.sweeps:
+        if method != "atp":
+            sys.exit(f"--attack={name} is a {method!r} preset and has no λ; sweep λ on an ATP preset "
+                     f"({atp_presets}) or pass --sweeps=n_attack")
+        sweeps["lambda"] = {sweep_name(name, "lambda", v): preset(name, seed=FLAGS.seed, lambda_row=v, lambda_col=v)
+                            for v in _values("lambdas", float)}
+    if "n_attack" in FLAGS.sweeps:
+        if method not in ("atp", "search"):
+            sys.exit(f"--attack={name} is a {method!r} preset without steps; sweep N_attack on an ATP or search "
+                     f"preset ({atp_presets}, search, …)")
+        sweeps["n_attack"] = {sweep_name(name, "n_attack", v): preset(name, seed=FLAGS.seed, n_attack=v)
+                              for v in _values("n_attacks", int)}
+    return sweeps
+
+
+def main(argv):
+    del argv
+    jax_index, jax_count = maybe_initialize(FLAGS.distributed)  # before anything creates a backend
+    sweeps = _sweep_configs()
+    process_index = jax_index if FLAGS.process_index is None else FLAGS.process_index
+    process_count = jax_count if FLAGS.process_count is None else FLAGS.process_count
+    out = Path(FLAGS.output_dir)
+
+    model = atp_jax.load_model(FLAGS.model)
+    style = PromptStyle(linearization=FLAGS.style)
+    examples = select_examples(
+        FLAGS.dataset, FLAGS.split, FLAGS.data_dir, FLAGS.num_examples, FLAGS.filter_order_sensitive,
+        FLAGS.max_rows, FLAGS.max_cols, process_index, process_count,
+    )
+    results, done = {}, set()
+    for parameter, configs in sweeps.items():
+        folder = out / parameter
+        folder.mkdir(parents=True, exist_ok=True)
+        manifest = {
+            "model": model.name, "model_source": model.source, "dataset": FLAGS.dataset, "split": FLAGS.split,
+            "style": dataclasses.asdict(style), "sweep": parameter, "base_attack": FLAGS.attack,
+            "attacks": {k: dataclasses.asdict(v) for k, v in configs.items()}, "examples": len(examples),
+            "seed": FLAGS.seed, **environment(), "process_index": process_index, "process_count": process_count,
+            "argv": sys.argv,
+        }
+        manifest_path(folder, process_index, process_count).write_text(json.dumps(manifest, indent=2))
+        results[parameter] = results_path(folder, process_index, process_count)
+        done |= {(parameter, *key) for key in done_keys([results[parameter]])}
+
+    points = [(p, name) for p, configs in sweeps.items() for name in configs]
+    todo = [(ex, p, n) for ex in examples for p, n in points if (p, ex.id, n) not in done]
+    print(f"{len(examples)} examples x {len(points)} sweep points: {len(done)} recorded, {len(todo)} to run")
+    bar = tqdm(total=len(todo), desc="ablating")
+    for example in examples:
+        problems = {}  # one precomputation per example, shared by every sweep point
+        for parameter, name in points:
+            if (parameter, example.id, name) in done:
+                continue
+            record = run_one(model, example, name, sweeps[parameter][name], style, problems=problems,
+                             generate=FLAGS.generate, max_new_tokens=FLAGS.max_new_tokens)
+            append_record(results[parameter], record)
+            bar.update()
+    bar.close()
+
+    # Every shard in the folders: the table covers whatever all processes have recorded so far.
+    rows = {p: sweep_rows(merge_records(results_files(out / p)), p) for p in sweeps}
+    text = "\n\n".join(f"### {FLAGS.attack}: {p} sweep\n\n{markdown_table(r)}" for p, r in rows.items())
+    print(text)
+    (out / "ablation.md").write_text(text + "\n")
+    plot_sweeps(rows, out / "ablation.png")
+    print(f"wrote {out / 'ablation.md'}, {out / 'ablation.png'}")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    app.run(main)

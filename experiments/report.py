@@ -1,0 +1,49 @@
+"""The paper-style results table over one or more results folders: models x attacks, per dataset.
+
+  python experiments/report.py --results results/smollm,results/qwen --ci --output results/table
+
+Each folder's ``results.jsonl`` and ``results.shard*.jsonl`` are merged (a pair (id, attack) recorded
+twice counts once, the first time); its ``run.json`` names the model (the row) and the dataset (the
+table). Cells are the mean ``--metric`` over examples (default: accuracy, em or rougeL_recall, the
+first recorded; answer_loss for runs without generation), with ``--ci`` a 95% bootstrap interval;
+``--paired`` averages each row over only the examples measured for every attack (partial runs).
+Prints the markdown; with ``--output PREFIX`` also writes PREFIX.md, PREFIX.csv and PREFIX.png.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from absl import app, flags
+
+from atp_jax.eval.report import load_run, plot_scores, score_csv, score_markdown, score_tables
+
+_RESULTS = flags.DEFINE_list("results", None, "Comma list of results folders (run_attack/ablate/transfer output).")
+_METRIC = flags.DEFINE_string("metric", None, "accuracy | em | f1 | rougeL_recall | answer_loss (default: the "
+                              "first recorded of accuracy, em, rougeL_recall, else answer_loss).")
+_CI = flags.DEFINE_bool("ci", False, "Add a 95% percentile-bootstrap interval of each mean.")
+_PAIRED = flags.DEFINE_bool("paired", False, "Average each model's row only over the examples measured for "
+                            "every attack (a fair comparison inside a partial run).")
+_RESAMPLES = flags.DEFINE_integer("resamples", 2000, "Bootstrap resamples.")
+_SEED = flags.DEFINE_integer("seed", 0, "Bootstrap seed.")
+_OUTPUT = flags.DEFINE_string("output", None, "Prefix of the .md, .csv and .png files to write (none: print only).")
+flags.mark_flag_as_required("results")
+
+
+def main(argv):
+    del argv
+    tables = score_tables([load_run(folder) for folder in _RESULTS.value], _METRIC.value, _CI.value,
+                          resamples=_RESAMPLES.value, seed=_SEED.value, paired=_PAIRED.value)
+    markdown = score_markdown(tables)
+    print(markdown)
+    if _OUTPUT.value:
+        prefix = Path(_OUTPUT.value)
+        prefix.parent.mkdir(parents=True, exist_ok=True)
+        Path(f"{prefix}.md").write_text(markdown + "\n")
+        Path(f"{prefix}.csv").write_text(score_csv(tables))
+        plot_scores(tables, f"{prefix}.png")
+        print(f"wrote {prefix}.md, {prefix}.csv, {prefix}.png")
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,279 @@
+"""Report over results folders: shard merging, aggregation, bootstrap intervals, markdown/CSV/PNG, sweeps.
+
+The numbers expected below are worked out by hand from the synthetic records."""
+
+import csv
+import io
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from atp_jax.eval.records import append_record
+from atp_jax.eval.report import (
+    bootstrap_ci, load_run, parse_sweep_name, plot_scores, plot_sweeps, results_files, score_csv, score_markdown,
+    score_tables, sweep_name, sweep_rows,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def rec(id_, attack, loss, **scores):
+    return {"id": id_, "attack": attack, "answer_loss": loss, "clean_loss": 1.0, "scores": scores,
+            "row_perm": [0], "col_perm": [0], "prediction": "x", "queries": 1, "backward_calls": 0, "seconds": 0.1}
+
+
+def make_folder(path, model, dataset, files, style="markdown"):
+    path.mkdir(parents=True)
+    (path / "run.json").write_text(json.dumps({"model": model, "dataset": dataset,
+                                               "style": {"linearization": style, "reasoning": "concise"}}))
+    for name, records in files.items():
+        for r in records:
+            append_record(path / name, r)
+    return path
+
+
+@pytest.fixture
+def folders(tmp_path):
+    a = make_folder(tmp_path / "a", "m1", "wtq", {
+        "results.jsonl": [rec("e1", "vanilla", 1.0, accuracy=1.0), rec("e2", "vanilla", 2.0, accuracy=0.0)],
+        "results.shard0.jsonl": [rec("e1", "vanilla", 9.0, accuracy=0.0),  # duplicate: the first one counts
+                                 rec("e1", "paper", 3.0, accuracy=0.0), rec("e3", "vanilla", 1.5, accuracy=1.0)],
+        "results.shard1.jsonl": [rec("e2", "paper", 2.5, accuracy=1.0),
+                                 {"id": "e3", "attack": "paper", "skipped": "one data row"}],
+    })
+    with (a / "results.shard1.jsonl").open("a") as f:
+        f.write('{"id": "e4", "attack": "van')  # torn last line: ignored
+    b = make_folder(tmp_path / "b", "m2", "wtq", {
+        "results.jsonl": [rec("e1", "vanilla", 0.5, accuracy=1.0), rec("e1", "paper", 4.0, accuracy=0.0)]})
+    c = make_folder(tmp_path / "c", "m1", "tatqa", {
+        "results.jsonl": [rec("t1", "vanilla", 1.0, em=1.0, f1=1.0), rec("t2", "vanilla", 3.0, em=0.0, f1=0.5)]})
+    return a, b, c
+
+
+def cell(table, model, attack):
+    return table.cells[(model, attack)]
+
+
+# --------------------------------------------------------------------------- merging
+
+def test_results_files_in_shard_order(tmp_path):
+    folder = tmp_path / "r"
+    folder.mkdir()
+    for name in ("results.shard10.jsonl", "results.shard2.jsonl", "results.jsonl", "results.shard0.jsonl",
+                 "results.shardX.jsonl", "other.jsonl"):
+        (folder / name).write_text("")
+    assert [p.name for p in results_files(folder)] == [
+        "results.jsonl", "results.shard0.jsonl", "results.shard2.jsonl", "results.shard10.jsonl"]
+
+
+def test_load_run_merges_shards_keeps_first_and_skips_torn_line(folders):
+    run = load_run(folders[0])
+    assert run.model == "m1" and run.dataset == "wtq"
+    keys = [(r["id"], r["attack"]) for r in run.records]
+    assert keys == [("e1", "vanilla"), ("e2", "vanilla"), ("e1", "paper"), ("e3", "vanilla"), ("e2", "paper"),
+                    ("e3", "paper")]
+    assert run.records[0]["answer_loss"] == 1.0  # results.jsonl's, not shard0's duplicate
+
+
+def test_missing_pieces_are_clear_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_run(tmp_path / "nowhere")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"no results\.jsonl or results\.shard\*\.jsonl"):
+        load_run(tmp_path / "empty")
+    (tmp_path / "nomanifest").mkdir()
+    append_record(tmp_path / "nomanifest" / "results.jsonl", rec("e1", "vanilla", 1.0))
+    with pytest.raises(FileNotFoundError, match=r"no run\.json"):
+        load_run(tmp_path / "nomanifest")
+
+
+def test_shard_manifests_must_agree(tmp_path):
+    folder = tmp_path / "r"
+    folder.mkdir()
+    append_record(folder / "results.shard0.jsonl", rec("e1", "vanilla", 1.0))
+    (folder / "run.shard0.json").write_text(json.dumps({"model": "m1", "dataset": "wtq"}))
+    (folder / "run.shard1.json").write_text(json.dumps({"model": "m2", "dataset": "wtq"}))
+    with pytest.raises(ValueError, match="model='m2'"):
+        load_run(folder)
+    (folder / "run.shard1.json").write_text(json.dumps({"model": "m1", "dataset": "wtq"}))
+    assert load_run(folder).model == "m1"
+
+
+# --------------------------------------------------------------------------- aggregation
+
+def test_tables_per_dataset_with_default_metric(folders):
+    wtq, tatqa = score_tables([load_run(f) for f in folders])
+    assert (wtq.dataset, wtq.metric, wtq.models, wtq.attacks) == ("wtq", "accuracy", ["m1", "m2"], ["vanilla", "paper"])
+    # m1 vanilla: e1 1, e2 0, e3 1; paper: e1 0, e2 1 (e3 skipped).
+    assert cell(wtq, "m1", "vanilla").mean == pytest.approx(2 / 3) and cell(wtq, "m1", "vanilla").n == 3
+    assert cell(wtq, "m1", "paper").mean == pytest.approx(0.5) and cell(wtq, "m1", "paper").n == 2
+    assert (cell(wtq, "m2", "vanilla").mean, cell(wtq, "m2", "paper").mean) == (1.0, 0.0)
+    assert cell(wtq, "m1", "vanilla").low is None
+    assert (tatqa.metric, tatqa.models, tatqa.attacks) == ("em", ["m1"], ["vanilla"])
+    assert cell(tatqa, "m1", "vanilla").mean == 0.5
+
+
+def test_loss_metric_and_unknown_metric(folders):
+    (wtq,) = score_tables([load_run(folders[0])], metric="answer_loss")
+    assert cell(wtq, "m1", "vanilla").mean == pytest.approx((1.0 + 2.0 + 1.5) / 3)
+    assert cell(wtq, "m1", "paper").mean == pytest.approx((3.0 + 2.5) / 2)
+    (tatqa,) = score_tables([load_run(folders[2])], metric="f1")
+    assert cell(tatqa, "m1", "vanilla").mean == 0.75
+    with pytest.raises(ValueError, match="metric 'f1' is not recorded in the 'wtq' results; available: accuracy, "
+                                         "answer_loss"):
+        score_tables([load_run(folders[0])], metric="f1")
+
+
+def test_runs_without_scores_default_to_the_loss(tmp_path):
+    folder = make_folder(tmp_path / "nogen", "m1", "sample", {
+        "results.jsonl": [rec("e1", "vanilla", 1.0), rec("e2", "vanilla", 2.0)]})
+    (table,) = score_tables([load_run(folder)])
+    assert table.metric == "answer_loss" and cell(table, "m1", "vanilla").mean == 1.5
+
+
+def test_paired_keeps_examples_measured_for_every_attack(folders):
+    (wtq,) = score_tables([load_run(folders[0])], paired=True)
+    # e3 has no paper measurement (skipped): only e1 and e2 count.
+    assert cell(wtq, "m1", "vanilla").mean == 0.5 and cell(wtq, "m1", "vanilla").n == 2
+    assert cell(wtq, "m1", "paper").n == 2
+
+
+def test_folders_of_one_model_share_a_row_first_folder_wins(tmp_path, folders):
+    extra = make_folder(tmp_path / "extra", "m1", "wtq", {
+        "results.jsonl": [rec("e1", "vanilla", 7.0, accuracy=0.0), rec("e5", "vanilla", 1.0, accuracy=0.0)]})
+    wtq, _ = score_tables([load_run(folders[0]), load_run(extra), load_run(folders[2])])
+    assert wtq.models == ["m1"]
+    # e1 from folder a (1), e2 0, e3 1, e5 0 (e1's duplicate in `extra` ignored).
+    assert cell(wtq, "m1", "vanilla").mean == 0.5 and cell(wtq, "m1", "vanilla").n == 4
+
+
+def test_one_model_in_two_styles_gets_two_rows(tmp_path):
+    md = make_folder(tmp_path / "md", "m1", "wtq", {"results.jsonl": [rec("e1", "vanilla", 1.0, accuracy=1.0)]})
+    cs = make_folder(tmp_path / "cs", "m1", "wtq", {"results.jsonl": [rec("e1", "vanilla", 1.0, accuracy=0.0)]},
+                     style="csv")
+    (table,) = score_tables([load_run(md), load_run(cs)])
+    assert table.models == ["m1 (markdown/concise)", "m1 (csv/concise)"]
+    assert cell(table, "m1 (csv/concise)", "vanilla").mean == 0.0
+
+
+# --------------------------------------------------------------------------- bootstrap
+
+def test_bootstrap_of_constant_values_is_a_point():
+    assert bootstrap_ci([0.25, 0.25, 0.25]) == (0.25, 0.25)
+    assert bootstrap_ci([3.0]) == (3.0, 3.0)
+
+
+def test_bootstrap_exact_small_case():
+    # Resampled mean of [0, 0, 3] is k, k ~ Binomial(3, 1/3): P(0) = 8/27 > 2.5%, P(3) = 1/27 > 2.5%.
+    assert bootstrap_ci([0.0, 0.0, 3.0]) == (0.0, 3.0)
+    # Mean of [0, 1] resampled: 0, 0.5, 1 with probabilities 1/4, 1/2, 1/4.
+    assert bootstrap_ci([0.0, 1.0]) == (0.0, 1.0)
+    assert bootstrap_ci([0.0, 1.0], level=0.4) == (0.5, 0.5)
+
+
+def test_bootstrap_matches_the_normal_interval_of_a_proportion():
+    values = [1.0] * 120 + [0.0] * 280  # p = 0.3, n = 400
+    half = 1.959964 * math.sqrt(0.3 * 0.7 / 400)
+    low, high = bootstrap_ci(values, resamples=4000)
+    assert low == pytest.approx(0.3 - half, abs=0.006) and high == pytest.approx(0.3 + half, abs=0.006)
+
+
+def test_bootstrap_is_seeded():
+    values = [0.1, 0.5, 0.2, 0.9, 0.4]
+    assert bootstrap_ci(values, seed=1) == bootstrap_ci(values, seed=1)
+    assert bootstrap_ci(values, seed=1) != bootstrap_ci(values, seed=2)
+    with pytest.raises(ValueError, match="at least one value"):
+        bootstrap_ci([])
+
+
+def test_ci_cells_bracket_the_mean(folders):
+    wtq, _ = score_tables([load_run(f) for f in folders], ci=True)
+    c = cell(wtq, "m1", "vanilla")
+    assert (c.low, c.high) == bootstrap_ci([1.0, 0.0, 1.0])
+    assert c.low <= c.mean <= c.high and wtq.ci_level == 0.95
+
+
+# --------------------------------------------------------------------------- outputs
+
+def test_markdown_content(folders):
+    text = score_markdown(score_tables([load_run(f) for f in folders]))
+    assert text == (
+        "### wtq: mean accuracy\n\n"
+        "| model | vanilla | paper |\n|---|---|---|\n"
+        "| m1 | 0.667 (n=3) | 0.500 (n=2) |\n"
+        "| m2 | 1.000 (n=1) | 0.000 (n=1) |\n\n"
+        "### tatqa: mean em (2 examples per cell)\n\n"
+        "| model | vanilla |\n|---|---|\n"
+        "| m1 | 0.500 |"
+    )
+
+
+def test_markdown_with_ci_shows_half_the_interval(folders):
+    (tatqa,) = score_tables([load_run(folders[2])], ci=True)
+    low, high = bootstrap_ci([1.0, 0.0])  # (0, 1)
+    assert f"| m1 | 0.500 ± {(high - low) / 2:.3f} |" in score_markdown([tatqa])
+    assert "± half the 95% bootstrap interval" in score_markdown([tatqa])
+
+
+def test_csv_content(folders):
+    rows = list(csv.reader(io.StringIO(score_csv(score_tables([load_run(f) for f in folders])))))
+    assert rows == [
+        ["dataset", "metric", "model", "vanilla", "vanilla n", "paper", "paper n"],
+        ["wtq", "accuracy", "m1", repr(2 / 3), "3", "0.5", "2"],
+        ["wtq", "accuracy", "m2", "1.0", "1", "0.0", "1"],
+        ["tatqa", "em", "m1", "0.5", "2", "", ""],
+    ]
+
+
+def test_csv_with_ci_columns(folders):
+    rows = list(csv.DictReader(io.StringIO(score_csv(score_tables([load_run(f) for f in folders], ci=True)))))
+    m1 = rows[0]
+    assert (float(m1["vanilla ci_low"]), float(m1["vanilla ci_high"])) == bootstrap_ci([1.0, 0.0, 1.0])
+    assert rows[2]["paper ci_low"] == ""
+
+
+def test_plot_writes_a_png(folders, tmp_path):
+    plot_scores(score_tables([load_run(f) for f in folders], ci=True), tmp_path / "chart.png")
+    data = (tmp_path / "chart.png").read_bytes()
+    assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 5000
+
+
+def test_report_binary_writes_markdown_csv_and_png(folders, tmp_path):
+    prefix = tmp_path / "out" / "table"
+    done = subprocess.run(
+        [sys.executable, "experiments/report.py", "--results", ",".join(map(str, folders)), "--ci",
+         "--output", str(prefix)], check=False, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "| m1 | 0.667 ± " in done.stdout
+    assert Path(f"{prefix}.md").read_text().startswith("### wtq: mean accuracy ± half the 95% bootstrap interval")
+    assert Path(f"{prefix}.csv").read_text().startswith("dataset,metric,model,vanilla,vanilla n,vanilla ci_low")
+    assert Path(f"{prefix}.png").stat().st_size > 5000
+
+
+# --------------------------------------------------------------------------- sweeps
+
+def test_sweep_names_round_trip():
+    assert sweep_name("paper", "lambda", 1.0) == "paper@lambda=1"
+    assert sweep_name("paper", "lambda", 0.5) == "paper@lambda=0.5"
+    assert sweep_name("atp_row", "n_attack", 40) == "atp_row@n_attack=40"
+    assert parse_sweep_name("paper@lambda=0.5") == ("paper", "lambda", 0.5)
+    assert parse_sweep_name("paper") is None and parse_sweep_name("paper@lambda=x") is None
+
+
+def test_sweep_rows_sorted_by_value(tmp_path):
+    records = [rec("e1", "paper@n_attack=10", 2.0, accuracy=0.0), rec("e1", "paper@n_attack=5", 1.0, accuracy=1.0),
+               rec("e2", "paper@n_attack=5", 3.0, accuracy=0.0), rec("e1", "paper@lambda=1", 9.0, accuracy=0.0),
+               rec("e1", "vanilla", 9.0, accuracy=0.0), {"id": "e3", "attack": "paper@n_attack=5", "skipped": "x"}]
+    rows = sweep_rows(records, "n_attack")
+    assert rows == [
+        {"n_attack": 5.0, "examples": 2, "mean_loss": 2.0, "mean_clean_loss": 1.0, "mean_accuracy": 0.5},
+        {"n_attack": 10.0, "examples": 1, "mean_loss": 2.0, "mean_clean_loss": 1.0, "mean_accuracy": 0.0},
+    ]
+    assert isinstance(rows[0]["n_attack"], int)  # shown as 5, not 5.000
+    assert [r["lambda"] for r in sweep_rows(records, "lambda")] == [1.0]
+    plot_sweeps({"n_attack": rows, "lambda": sweep_rows(records, "lambda")}, tmp_path / "sweep.png")
+    assert (tmp_path / "sweep.png").read_bytes().startswith(b"\x89PNG")
