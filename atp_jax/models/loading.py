@@ -1,18 +1,20 @@
-"""``load_model(spec)``: a zoo name, an HF model directory or a ``.gguf`` file -> a ready model."""
+"""``load_model(spec)``: a zoo name, an HF model directory, a ``.gguf`` file or ``config:<architecture>``
+(random weights, for benchmarks) -> a ready model."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
 import jax.numpy as jnp
 
-from atp_jax.models import gguf, params, zoo
+from atp_jax.models import architectures, gguf, params, zoo
 from atp_jax.models.config import ModelConfig
-from atp_jax.models.modeling import Transformer
+from atp_jax.models.modeling import Transformer, random_model
 
 DEFAULT_MODEL = "qwen2.5-coder-0.5b-instruct"
 # Turn terminators besides the config's EOS: chat models end an answer with these.
@@ -26,7 +28,7 @@ class LoadedModel:
     name: str
     config: ModelConfig
     model: Transformer
-    tokenizer: Any  # transformers.PreTrainedTokenizerFast
+    tokenizer: Any  # transformers.PreTrainedTokenizerFast; None only for a config: model without one
     source: str
     load_seconds: float
 
@@ -38,6 +40,8 @@ class LoadedModel:
     def stop_token_ids(self) -> tuple[int, ...]:
         """Ids that end a generated answer: the config's EOS plus the tokenizer's turn terminators."""
         ids = set(self.config.eos_token_ids)
+        if self.tokenizer is None:
+            return tuple(sorted(ids))
         if self.tokenizer.eos_token_id is not None:
             ids.add(int(self.tokenizer.eos_token_id))
         vocab = self.tokenizer.get_vocab()
@@ -48,18 +52,24 @@ class LoadedModel:
 def load_model(spec: str | Path = DEFAULT_MODEL, dtype=jnp.float32) -> LoadedModel:
     """Loads a model by zoo name (see ``atp_jax.models.zoo.list_models()``), HF directory or GGUF path.
 
+    ``config:<name>`` (see ``atp_jax.models.architectures.list_architectures()``) builds that
+    architecture with random weights (seed 0), for speed and memory measurements.
+
     ``dtype`` is the parameter dtype (``jnp.float32`` or ``jnp.bfloat16``); norms, softmax and logits
     are float32 either way.
     """
     start = time.perf_counter()
     spec_str = str(spec)
+    if spec_str.startswith(architectures.CONFIG_PREFIX):
+        return _random_weights_model(spec_str, dtype, start)
     path = Path(spec_str).expanduser()
     if spec_str in zoo.list_models():
         path = zoo.resolve(spec_str)
     elif not path.exists():
         raise ValueError(
             f"unknown model {spec_str!r}: not a zoo name ({', '.join(zoo.list_models())}), "
-            "an HF model directory or a .gguf file"
+            f"an HF model directory, a .gguf file or {architectures.CONFIG_PREFIX}<name> "
+            f"({', '.join(architectures.list_architectures())})"
         )
 
     if path.is_file() and path.suffix == ".gguf":
@@ -78,6 +88,27 @@ def load_model(spec: str | Path = DEFAULT_MODEL, dtype=jnp.float32) -> LoadedMod
         raise ValueError(f"{path}: expected a .gguf file or an HF model directory")
     name = spec_str if spec_str in zoo.list_models() else path.name
     return LoadedModel(name, config, model, tokenizer, str(path), time.perf_counter() - start)
+
+
+def _random_weights_model(spec: str, dtype, start: float) -> LoadedModel:
+    """A named architecture with seeded random weights and its family's zoo tokenizer.
+
+    Only token ids matter for speed, so a smaller tokenizer of the same family stands in for the real
+    one (its ids all lie inside the architecture's vocabulary). Where the zoo cannot provide it
+    (offline, not cached) the model comes without a tokenizer: forward/backward timings on token ids
+    still work, text prompts do not.
+    """
+    name = spec[len(architectures.CONFIG_PREFIX):]
+    config = architectures.model_config(name)
+    model = random_model(config, seed=0, dtype=dtype)
+    tokenizer = None
+    tokenizer_model = architectures.FAMILY_TOKENIZER[config.architecture]
+    try:
+        tokenizer = gguf.load_gguf_tokenizer(zoo.resolve(tokenizer_model))
+    except zoo.ZooError as e:
+        warnings.warn(f"{spec}: no tokenizer (zoo model {tokenizer_model!r} unavailable: {e})", stacklevel=3)
+    source = f"{spec} (random weights, seed 0; tokenizer of {tokenizer_model if tokenizer else 'none'})"
+    return LoadedModel(spec, config, model, tokenizer, source, time.perf_counter() - start)
 
 
 def _hf_tokenizer(path: Path):
