@@ -30,7 +30,7 @@ from atp_jax.data.datasets import DATA_ENV_VAR, load_dataset
 from atp_jax.models import gguf, zoo
 from atp_jax.tables.layout import _SLOT, build_layout, full_row_perm
 from atp_jax.tables.linearize import STYLES
-from atp_jax.tables.prompt import PromptStyle, reference_answer, render_prompt
+from atp_jax.tables.prompt import PromptStyle, encode_text, reference_answer, render_prompt
 
 _DATA_DIR = flags.DEFINE_string("data_dir", os.environ.get(DATA_ENV_VAR), "Directory with <name>/dev.jsonl.")
 _DATASETS = flags.DEFINE_list("datasets", ["wtq", "tatqa", "fetaqa"], "Datasets (dev split).")
@@ -46,14 +46,10 @@ _EXAMPLES = flags.DEFINE_integer("examples", 3, "Mismatch examples kept per data
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Also write the figures (and examples) as JSON here.")
 
 
-def _encode(tokenizer, text: str) -> list[int]:
-    return tokenizer.encode(text, add_special_tokens=False) if text else []
-
-
 def _retokenized(tokenizer, example, table, style: PromptStyle) -> list[int]:
     """The independent reference: render ``table`` as text and tokenize it whole, plus the answer."""
     text = render_prompt(tokenizer, example, table, style).text
-    return _encode(tokenizer, text) + _encode(tokenizer, reference_answer(example))
+    return encode_text(tokenizer, text) + encode_text(tokenizer, reference_answer(example))
 
 
 def _unique_tables(examples):

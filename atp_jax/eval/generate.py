@@ -15,6 +15,11 @@ from atp_jax.models.modeling import KVCache, Transformer, default_positions
 # Prompt lengths are padded up to a multiple of this, so a batch of similar prompts reuses one compile.
 LENGTH_BUCKET = 32
 
+
+def padded_length(length: int) -> int:
+    """``length`` rounded up to the next multiple of ``LENGTH_BUCKET``."""
+    return -(-length // LENGTH_BUCKET) * LENGTH_BUCKET
+
 if TYPE_CHECKING:
     from atp_jax.models.loading import LoadedModel
 
@@ -73,7 +78,7 @@ def generate_ids(
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("generate_ids needs at least one prompt and no empty prompt")
     longest = max(len(p) for p in prompts)
-    S0 = -(-longest // LENGTH_BUCKET) * LENGTH_BUCKET
+    S0 = padded_length(longest)
     ids = np.zeros((len(prompts), S0), np.int32)
     mask = np.zeros((len(prompts), S0), bool)
     for b, prompt in enumerate(prompts):

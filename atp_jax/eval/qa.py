@@ -13,22 +13,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from atp_jax.eval.generate import generate_ids
+from atp_jax.eval.generate import generate_ids, padded_length
 from atp_jax.models.loading import LoadedModel
 from atp_jax.models.modeling import Transformer
-from atp_jax.tables.prompt import PromptStyle, extract_answer, reference_answer, render_prompt
+from atp_jax.tables.prompt import PromptStyle, encode_text, extract_answer, reference_answer, render_prompt
 from atp_jax.tables.table import Example, Table
-
-LENGTH_BUCKET = 32  # sequences are right-padded to a multiple of this: fewer distinct compiles
-
-
-def _encode(tokenizer, text: str) -> list[int]:
-    return tokenizer.encode(text, add_special_tokens=False)
-
 
 def prompt_ids(loaded: LoadedModel, example: Example, table: Table | None = None, style=PromptStyle()) -> list[int]:
     """Token ids of the chat prompt (up to the assistant header) over ``table`` (default: the example's)."""
-    return _encode(loaded.tokenizer, render_prompt(loaded.tokenizer, example, table, style).text)
+    return encode_text(loaded.tokenizer, render_prompt(loaded.tokenizer, example, table, style).text)
 
 
 @jax.jit
@@ -54,14 +47,14 @@ def answer_losses(
 ) -> np.ndarray:
     """Mean token cross-entropy of the reference answer under each table ``[K]`` (batched forwards)."""
     tok = loaded.tokenizer
-    target = _encode(tok, reference_answer(example))
+    target = encode_text(tok, reference_answer(example))
     prompts = [prompt_ids(loaded, example, t, style) for t in tables]
     A = len(target)
     losses = []
     for start in range(0, len(prompts), batch_size):
         chunk = prompts[start:start + batch_size]
         longest = max(len(p) for p in chunk) + A
-        S = -(-longest // LENGTH_BUCKET) * LENGTH_BUCKET
+        S = padded_length(longest)  # right padding to a bucket: fewer distinct compiles
         rows = batch_size if len(prompts) > batch_size else len(chunk)  # fixed batch: one compile
         ids = np.zeros((rows, S), np.int32)
         positions = np.zeros((rows, A), np.int32)

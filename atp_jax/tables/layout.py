@@ -35,14 +35,10 @@ import dataclasses
 import jax.numpy as jnp
 import numpy as np
 
-from atp_jax.tables.prompt import Prompt, PromptStyle, reference_answer, render_prompt
+from atp_jax.tables.prompt import Prompt, PromptStyle, encode_text, reference_answer, render_prompt
 from atp_jax.tables.table import Example, Table
 
 _TEMPLATE, _SLOT = 0, 1
-
-
-def _encode(tokenizer, text: str) -> list[int]:
-    return tokenizer.encode(text, add_special_tokens=False) if text else []
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,14 +192,14 @@ def build_layout(
     tail = tails.pop() if len(tails) == 1 else ""
 
     n, m = table.n_rows, table.n_cols
-    cell_tokens = [[_encode(tokenizer, tail + _cell_text(prompt, i, j)) for j in range(m)] for i in range(n + 1)]
+    cell_tokens = [[encode_text(tokenizer, tail + _cell_text(prompt, i, j)) for j in range(m)] for i in range(n + 1)]
     lengths = np.array([[len(t) for t in row] for row in cell_tokens], np.int32)
     cell_ids = np.zeros((n + 1, m, max(1, int(lengths.max()))), np.int32)
     for i in range(n + 1):
         for j in range(m):
             cell_ids[i, j, : lengths[i, j]] = cell_tokens[i][j]
 
-    answer_ids = _encode(tokenizer, reference_answer(example)) if with_answer else []
+    answer_ids = encode_text(tokenizer, reference_answer(example)) if with_answer else []
     template: list[int] = []
     items: list[tuple[int, int, int, int, int]] = []  # kind, start, length, row, col
 
@@ -214,14 +210,14 @@ def build_layout(
     cells = [s.cell for s in prompt.table.segments if s.is_cell]
     for k, (i, j) in enumerate(cells):
         if k > 0:
-            add_template(_encode(tokenizer, preceding[k][: len(preceding[k]) - len(tail)]))
+            add_template(encode_text(tokenizer, preceding[k][: len(preceding[k]) - len(tail)]))
         items.append((_SLOT, 0, 0, i, j))
-    add_template(_encode(tokenizer, trailing))
+    add_template(encode_text(tokenizer, trailing))
     if with_answer:
         add_template(answer_ids)
     kind, start, length, row, col = (np.asarray(column, np.int32) for column in zip(*items))
     layout = Layout(
-        prefix_ids=np.asarray(_encode(tokenizer, preceding[0][: len(preceding[0]) - len(tail)]), np.int32),
+        prefix_ids=np.asarray(encode_text(tokenizer, preceding[0][: len(preceding[0]) - len(tail)]), np.int32),
         template_ids=np.asarray(template, np.int32),
         cell_ids=cell_ids,
         cell_lengths=lengths,
@@ -234,7 +230,7 @@ def build_layout(
         prompt=prompt,
         is_compositional=True,
     )
-    whole = _encode(tokenizer, prompt.text) + list(answer_ids)
+    whole = encode_text(tokenizer, prompt.text) + list(answer_ids)
     return dataclasses.replace(layout, is_compositional=layout.ids().tolist() == whole)
 
 

@@ -60,6 +60,11 @@ class Prompt:
         return self.before + self.table.text + self.after
 
 
+def encode_text(tokenizer, text: str) -> list[int]:
+    """Token ids of a piece of prompt text, without the tokenizer's own BOS/EOS (the chat template owns those)."""
+    return tokenizer.encode(text, add_special_tokens=False) if text else []
+
+
 def user_message(question: str, style: PromptStyle, table_text: str) -> str:
     instruction = _CONCISE if style.reasoning == "concise" else _STEP_BY_STEP
     return f"{instruction}\n\nTable:\n{table_text}\n\nQuestion: {question}"
