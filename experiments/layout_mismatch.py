@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from atp_jax.data.datasets import DATA_ENV_VAR, load_dataset
 from atp_jax.models import gguf, zoo
-from atp_jax.tables.layout import _SLOT, build_layout, full_row_perm
+from atp_jax.tables.layout import build_layout
 from atp_jax.tables.linearize import STYLES
 from atp_jax.tables.prompt import PromptStyle, encode_text, reference_answer, render_prompt
 
@@ -98,15 +98,9 @@ def _diff(layout_ids: list[int], ref: list[int], byte_lengths: np.ndarray):
 
 def _runs(layout, rp, cp):
     """Per body run, in order: (start, end) in the full sequence and the original cell (i, j) or None."""
-    rows = full_row_perm(np.asarray(rp))
-    kind, row, col = layout.item_kind, layout.item_row, layout.item_col
-    length = np.where(kind == _SLOT, layout.cell_lengths[rows[row], np.asarray(cp)[col]], layout.item_length)
+    length, row, col = layout.runs(rp, cp)
     ends = layout.prefix_length + np.cumsum(length)
-    out = []
-    for k in range(len(kind)):
-        cell = (int(rows[row[k]]), int(cp[col[k]])) if kind[k] == _SLOT else None
-        out.append((int(ends[k] - length[k]), int(ends[k]), cell))
-    return out
+    return [(int(e - n), int(e), None if r < 0 else (int(r), int(c))) for e, n, r, c in zip(ends, length, row, col)]
 
 
 def _explain(tokenizer, layout, table, ids, ref, ops, rp, cp):

@@ -38,7 +38,7 @@ import numpy as np
 from atp_jax.tables.prompt import Prompt, PromptStyle, encode_text, reference_answer, render_prompt
 from atp_jax.tables.table import Example, Table
 
-_TEMPLATE, _SLOT = 0, 1
+TEMPLATE_RUN, SLOT_RUN = 0, 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,7 +91,7 @@ class Layout:
     @property
     def body_length(self) -> int:
         """Static body length: template tokens plus every slot's cell tokens."""
-        slots = self.item_kind == _SLOT
+        slots = self.item_kind == SLOT_RUN
         return len(self.template_ids) + int(self.cell_lengths[self.item_row[slots], self.item_col[slots]].sum())
 
     @property
@@ -122,6 +122,20 @@ class Layout:
             "item_row": xp.asarray(self.item_row),
             "item_col": xp.asarray(self.item_col),
         }
+
+    def runs(self, row_perm=None, col_perm=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The body's runs ``[I]`` under an order: token counts, and each slot run's cell (row, col).
+
+        Rows/columns are the table's own (semantic) coordinates, 0 = header row; -1 for template runs.
+        """
+        n, m = self.n_rows, self.n_cols
+        rows = full_row_perm(np.arange(n) if row_perm is None else np.asarray(row_perm))
+        cols = np.arange(m) if col_perm is None else np.asarray(col_perm)
+        is_slot = self.item_kind == SLOT_RUN
+        row = np.where(is_slot, rows[self.item_row], -1)
+        col = np.where(is_slot, cols[self.item_col], -1)
+        length = np.where(is_slot, self.cell_lengths[np.maximum(row, 0), np.maximum(col, 0)], self.item_length)
+        return length, row, col
 
     def ids(self, row_perm=None, col_perm=None) -> np.ndarray:
         """Full token ids ``[S]`` of the prompt + answer with the cells placed by the permutation."""
@@ -159,14 +173,14 @@ def place(arrays: dict, row_perm, col_perm, *, body_length: int, max_cell_tokens
     rows = full_row_perm(row_perm)
     kind, item_row, item_col = arrays["item_kind"], arrays["item_row"], arrays["item_col"]
     slot_length = arrays["cell_lengths"][rows[item_row], col_perm[item_col]]
-    length = xp.where(kind == _SLOT, slot_length, arrays["item_length"])
+    length = xp.where(kind == SLOT_RUN, slot_length, arrays["item_length"])
     ends = xp.cumsum(length)
     t = xp.arange(body_length)
     item = xp.searchsorted(ends, t, side="right")  # the run covering position t (skips empty runs)
     offset = t - (ends[item] - length[item])
     n_cols = arrays["cell_lengths"].shape[1]
     slot_index = (item_row[item] * n_cols + item_col[item]) * max_cell_tokens + offset
-    return xp.where(kind[item] == _SLOT, arrays["template_length"] + slot_index, arrays["item_start"][item] + offset)
+    return xp.where(kind[item] == SLOT_RUN, arrays["template_length"] + slot_index, arrays["item_start"][item] + offset)
 
 
 def build_layout(
@@ -204,14 +218,14 @@ def build_layout(
     items: list[tuple[int, int, int, int, int]] = []  # kind, start, length, row, col
 
     def add_template(tokens):
-        items.append((_TEMPLATE, len(template), len(tokens), 0, 0))
+        items.append((TEMPLATE_RUN, len(template), len(tokens), 0, 0))
         template.extend(tokens)
 
     cells = [s.cell for s in prompt.table.segments if s.is_cell]
     for k, (i, j) in enumerate(cells):
         if k > 0:
             add_template(encode_text(tokenizer, preceding[k][: len(preceding[k]) - len(tail)]))
-        items.append((_SLOT, 0, 0, i, j))
+        items.append((SLOT_RUN, 0, 0, i, j))
     add_template(encode_text(tokenizer, trailing))
     if with_answer:
         add_template(answer_ids)

@@ -1,0 +1,131 @@
+"""Attention diagnostics, original vs adversarial order (paper appendix A.4, Table 3, Figures 4-5).
+
+  python experiments/diagnose.py --num_examples 20 --attack best_of_k --output_dir results/diagnose
+  python experiments/diagnose.py --results results/qwen --attack evolution --output_dir results/diagnose
+
+For every example the model reads the prompt plus the reference answer twice: in the table's original
+order and in the order an attack chose, taken from a results folder (``--results``, the record of
+``--attack``) or, for examples it lacks, found by running ``--attack`` here. Writes:
+
+- ``pairs.jsonl``: per example, both diagnoses (per-layer cell attention in the table's own coordinates,
+  row-boundary and within-row attention, evidence cells) and both reference-answer losses; appended
+  atomically, and a rerun skips the examples already there.
+- ``summary.md`` / ``summary.json``: the Table-3-like averages; ``layers.png``: per-layer curves
+  (Figure 5); ``heatmap_<id>.png`` for the first ``--heatmaps`` examples (Figure 4).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from absl import app, flags
+from tqdm import tqdm
+
+import atp_jax
+from atp_jax.attack.config import PRESETS, preset
+from atp_jax.attack.problem import AttackInputError
+from atp_jax.diagnostics.attention import diagnose
+from atp_jax.diagnostics.summary import diagnosis_json, plot_heatmaps, plot_layers, summarize_pairs, summary_markdown
+from atp_jax.eval.experiment import environment, select_examples
+from atp_jax.eval.qa import answer_losses
+from atp_jax.eval.records import append_record, read_records
+from atp_jax.eval.report import load_run
+from atp_jax.models.loading import DEFAULT_MODEL
+from atp_jax.tables.prompt import PromptStyle
+
+flags.DEFINE_string("model", DEFAULT_MODEL, "Zoo name, HF model directory or .gguf file.")
+flags.DEFINE_string("dataset", "sample", "sample | wtq | tatqa | fetaqa | path.jsonl")
+flags.DEFINE_string("data_dir", None, "Folder with wtq/, tatqa/, fetaqa/ (default: $ATP_JAX_DATA).")
+flags.DEFINE_string("split", "dev", "Dataset split.")
+flags.DEFINE_integer("num_examples", 20, "Examples to diagnose (after filtering), 0 for all.")
+flags.DEFINE_bool("filter_order_sensitive", True, "Keep only questions that mention order (paper's rule).")
+flags.DEFINE_integer("max_rows", 12, "Skip tables with more data rows.")
+flags.DEFINE_integer("max_cols", 8, "Skip tables with more columns.")
+flags.DEFINE_string("results", None, "A results folder whose --attack orders are diagnosed (others: run here).")
+flags.DEFINE_string("attack", "best_of_k", f"The attack whose order is the adversarial one: {', '.join(PRESETS)}.")
+flags.DEFINE_integer("heatmaps", 4, "Draw heatmaps for this many examples.")
+flags.DEFINE_integer("seed", 0, "Seed of the attack run here.")
+flags.DEFINE_string("output_dir", "results/diagnose", "Where pairs.jsonl, summary.* and the PNGs go.")
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+    del argv
+    if FLAGS.attack not in PRESETS:
+        sys.exit(f"unknown --attack {FLAGS.attack!r}; known: {', '.join(PRESETS)}")
+    recorded = {}
+    if FLAGS.results:
+        try:
+            run = load_run(FLAGS.results)
+        except (FileNotFoundError, ValueError) as e:
+            sys.exit(str(e))
+        recorded = {r["id"]: r for r in run.records if r["attack"] == FLAGS.attack and "skipped" not in r}
+        if not recorded:
+            sys.exit(f"no {FLAGS.attack!r} records in {FLAGS.results}; pass an --attack it ran")
+    out = Path(FLAGS.output_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        sys.exit(f"cannot create --output_dir {out}: {e}")
+    examples = select_examples(FLAGS.dataset, FLAGS.split, FLAGS.data_dir, FLAGS.num_examples,
+                               FLAGS.filter_order_sensitive, FLAGS.max_rows, FLAGS.max_cols)
+    model = atp_jax.load_model(FLAGS.model)
+    style = PromptStyle()
+    (out / "run.json").write_text(json.dumps({
+        "model": model.name, "model_source": model.source, "dataset": FLAGS.dataset, "split": FLAGS.split,
+        "attack": FLAGS.attack, "results": FLAGS.results, "examples": len(examples), "seed": FLAGS.seed,
+        **environment(), "argv": sys.argv,
+    }, indent=2))
+
+    pairs_path = out / "pairs.jsonl"
+    done = {r["id"] for r in read_records(pairs_path)} if pairs_path.exists() else set()
+    config = preset(FLAGS.attack, seed=FLAGS.seed)
+    for example in tqdm([e for e in examples if e.id not in done], desc="diagnosing"):
+        if example.id in recorded:
+            row_perm, col_perm = recorded[example.id]["row_perm"], recorded[example.id]["col_perm"]
+            source = f"results:{FLAGS.results}"
+        else:
+            try:
+                result = atp_jax.attack(model, example, config, style, name=FLAGS.attack)
+            except AttackInputError as e:
+                append_record(pairs_path, {"id": example.id, "skipped": str(e)})
+                continue
+            row_perm, col_perm, source = result.row_perm, result.col_perm, "run here"
+        try:
+            clean, permuted = diagnose(model, example, style=style), diagnose(model, example, row_perm, col_perm, style)
+        except ValueError as e:
+            append_record(pairs_path, {"id": example.id, "skipped": str(e)})
+            continue
+        clean_loss, permuted_loss = answer_losses(model, example, [example.table, example.table.permute(row_perm,
+                                                                                                          col_perm)])
+        append_record(pairs_path, {
+            "id": example.id, "attack": FLAGS.attack, "order_from": source, "clean": diagnosis_json(clean),
+            "permuted": diagnosis_json(permuted), "clean_loss": float(clean_loss),
+            "permuted_loss": float(permuted_loss),
+        })
+
+    pairs = [r for r in read_records(pairs_path) if "skipped" not in r]
+    skipped = [r for r in read_records(pairs_path) if "skipped" in r]
+    if not pairs:
+        sys.exit(f"no example could be diagnosed ({len(skipped)} skipped); see {pairs_path}")
+    summary = summarize_pairs(pairs)
+    summary.update(model=model.name, attack=FLAGS.attack, skipped=len(skipped))
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    text = (f"Model {model.name}, adversarial order: {FLAGS.attack}, {len(pairs)} examples "
+            f"({len(skipped)} skipped).\n\n" + summary_markdown(summary))
+    (out / "summary.md").write_text(text)
+    plot_layers(pairs, out / "layers.png", title=f"{model.name}: original vs {FLAGS.attack} order")
+    by_id = {e.id: e for e in examples}
+    for pair in pairs[: FLAGS.heatmaps]:
+        if pair["id"] in by_id:
+            path = out / f"heatmap_{pair['id']}.png"
+            plot_heatmaps(pair, by_id[pair["id"]].table.cells, summary["middle_layer"], path)
+    print(text)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    app.run(main)
