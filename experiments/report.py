@@ -8,6 +8,8 @@ table). Cells are the mean ``--metric`` over examples (default: accuracy, em or 
 first recorded; answer_loss for runs without generation), with ``--ci`` a 95% bootstrap interval;
 ``--paired`` averages each row over only the examples measured for every attack (partial runs).
 Prints the markdown; with ``--output PREFIX`` also writes PREFIX.md, PREFIX.csv and PREFIX.png.
+A folder whose records carry ``defended`` (run_attack.py --smoothing_k) adds a section to the markdown:
+per attack, the undefended mean score and the mean under permutation smoothing with each k.
 """
 
 from __future__ import annotations
@@ -16,7 +18,15 @@ from pathlib import Path
 
 from absl import app, flags
 
-from atp_jax.eval.report import load_run, plot_scores, score_csv, score_markdown, score_tables
+from atp_jax.eval.report import (
+    defense_metrics,
+    defense_table,
+    load_run,
+    plot_scores,
+    score_csv,
+    score_markdown,
+    score_tables,
+)
 
 _RESULTS = flags.DEFINE_list("results", None, "Comma list of results folders (run_attack/ablate/transfer output).")
 _METRIC = flags.DEFINE_string("metric", None, "accuracy | em | f1 | rougeL_recall | answer_loss (default: the "
@@ -32,9 +42,18 @@ flags.mark_flag_as_required("results")
 
 def main(argv):
     del argv
-    tables = score_tables([load_run(folder) for folder in _RESULTS.value], _METRIC.value, _CI.value,
-                          resamples=_RESAMPLES.value, seed=_SEED.value, paired=_PAIRED.value)
-    markdown = score_markdown(tables)
+    runs = [load_run(folder) for folder in _RESULTS.value]
+    tables = score_tables(runs, _METRIC.value, _CI.value, resamples=_RESAMPLES.value, seed=_SEED.value,
+                          paired=_PAIRED.value)
+    sections = [score_markdown(tables)]
+    for run in runs:
+        defended = [r for r in run.records if "skipped" not in r and r.get("defended")]
+        if defended:
+            # Only scores are measured under the defense: --metric answer_loss falls back to the default score.
+            metric = _METRIC.value if _METRIC.value in defense_metrics(defended) else None
+            sections.append(f"### {run.dataset}: {run.model}, permutation smoothing ({run.folder})\n\n"
+                            + defense_table(defended, metric))
+    markdown = "\n\n".join(sections)
     print(markdown)
     if _OUTPUT.value:
         prefix = Path(_OUTPUT.value)

@@ -5,6 +5,9 @@
 
 Results go to ``OUTPUT_DIR/results.jsonl`` (or ``results.shardK.jsonl`` per process), appended
 atomically; a rerun skips the (id, attack) pairs already recorded. ``run.json`` holds the config.
+
+``--smoothing_k 1,5,9`` also answers each chosen order under the permutation-smoothing defense
+(``atp_jax.eval.smoothing``) with 1, 5 and 9 votes, recorded under ``defended``.
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ from atp_jax.attack.config import PRESETS, preset
 from atp_jax.distributed import MODES, maybe_initialize
 from atp_jax.eval.experiment import environment, manifest_path, results_path, run_one, select_examples
 from atp_jax.eval.records import append_record, done_keys, read_records
-from atp_jax.eval.report import markdown_table, summarize
+from atp_jax.eval.report import defense_table, markdown_table, summarize
+from atp_jax.eval.smoothing import SmoothingConfig
 from atp_jax.tables.linearize import STYLES
 from atp_jax.tables.prompt import PromptStyle
 
@@ -44,6 +48,11 @@ flags.DEFINE_integer("restarts", None, "Override restarts of ATP attacks.")
 flags.DEFINE_integer("seed", 0, "Seed of every attack.")
 flags.DEFINE_integer("max_new_tokens", 32, "Generation budget for the answer under the chosen order.")
 flags.DEFINE_bool("generate", True, "Generate and score the model's answer under each chosen order.")
+flags.DEFINE_list("smoothing_k", [], "Permutation-smoothing defense: comma list of vote counts (e.g. 1,5,9) to "
+                  "evaluate on each chosen order; empty: no defense. Needs --generate.")
+flags.DEFINE_bool("smoothing_canonical", True, "Draw the smoothing orders from the table's canonical order (the "
+                  "answer then depends on the content only); false: from the order it arrives in.")
+flags.DEFINE_bool("smoothing_include_original", False, "The arriving (attacked) order casts one extra, first vote.")
 flags.DEFINE_string("output_dir", "results/demo", "Where results.jsonl and run.json go.")
 flags.DEFINE_integer("process_index", None, "This process's shard (default: jax.process_index()).")
 flags.DEFINE_integer("process_count", None, "Number of shards (default: jax.process_count()).")
@@ -66,6 +75,24 @@ def _config(name: str):
     return preset(name, **overrides)
 
 
+def _smoothing_ks(values: list[str], generate: bool) -> tuple[int, ...] | str:
+    """The sorted distinct vote counts of ``--smoothing_k``, or the message naming what is wrong."""
+    ks = []
+    for value in values:
+        try:
+            k = int(value)
+        except ValueError:
+            k = 0
+        if k < 1:
+            return (f"--smoothing_k={','.join(values)}: {value!r} is not a vote count; give integers >= 1, "
+                    "e.g. --smoothing_k 1,5,9 (or leave it empty for no defense)")
+        ks.append(k)
+    if ks and not generate:
+        return ("--smoothing_k needs --generate: the defense votes over generated answers; drop --nogenerate "
+                "or --smoothing_k")
+    return tuple(sorted(set(ks)))
+
+
 def main(argv):
     del argv
     # First: jax.distributed must be joined before anything creates a backend.
@@ -73,6 +100,13 @@ def main(argv):
     unknown = [a for a in FLAGS.attacks if a not in PRESETS]
     if unknown:
         sys.exit(f"unknown attack(s) {', '.join(unknown)}; known: {', '.join(PRESETS)}")
+    smoothing_ks = _smoothing_ks(FLAGS.smoothing_k, FLAGS.generate)
+    if isinstance(smoothing_ks, str):
+        sys.exit(smoothing_ks)
+    smoothing = None
+    if smoothing_ks:
+        smoothing = SmoothingConfig(k=max(smoothing_ks), canonical=FLAGS.smoothing_canonical,
+                                    include_original=FLAGS.smoothing_include_original, seed=FLAGS.seed)
     process_index = jax_index if FLAGS.process_index is None else FLAGS.process_index
     process_count = jax_count if FLAGS.process_count is None else FLAGS.process_count
     out = Path(FLAGS.output_dir)
@@ -89,7 +123,9 @@ def main(argv):
     manifest = {
         "model": model.name, "model_source": model.source, "dataset": FLAGS.dataset, "split": FLAGS.split,
         "style": dataclasses.asdict(style), "attacks": {k: dataclasses.asdict(v) for k, v in configs.items()},
-        "examples": len(examples), "seed": FLAGS.seed, **environment(),
+        "examples": len(examples), "seed": FLAGS.seed,
+        "smoothing": None if smoothing is None else {**dataclasses.asdict(smoothing), "ks": list(smoothing_ks)},
+        **environment(),
         "process_index": process_index, "process_count": process_count, "argv": sys.argv,
     }
     manifest_path(out, process_index, process_count).write_text(json.dumps(manifest, indent=2))
@@ -104,11 +140,14 @@ def main(argv):
             if (example.id, name) in done:
                 continue
             append_record(results, run_one(model, example, name, config, style, problems=problems,
-                                           generate=FLAGS.generate, max_new_tokens=FLAGS.max_new_tokens))
+                                           generate=FLAGS.generate, max_new_tokens=FLAGS.max_new_tokens,
+                                           smoothing=smoothing, smoothing_ks=smoothing_ks or None))
             bar.update()
     bar.close()
     records = [r for r in read_records(results) if "skipped" not in r]
     print(markdown_table(summarize(records)))
+    if any(r.get("defended") for r in records):
+        print(defense_table(records))
 
 
 if __name__ == "__main__":

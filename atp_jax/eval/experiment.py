@@ -22,6 +22,7 @@ from atp_jax.attack.run import attack
 from atp_jax.data.datasets import filter_examples, load_dataset
 from atp_jax.eval.metrics import score
 from atp_jax.eval.qa import answer_losses, answers
+from atp_jax.eval.smoothing import SmoothingConfig, smoothed_answers
 from atp_jax.models.loading import LoadedModel
 from atp_jax.tables.prompt import PromptStyle
 from atp_jax.tables.table import Example
@@ -92,6 +93,8 @@ def run_one(
     problems: dict | None = None,
     generate: bool = True,
     max_new_tokens: int = 32,
+    smoothing: SmoothingConfig | None = None,
+    smoothing_ks: Sequence[int] | None = None,
 ) -> dict:
     """Runs attack ``name`` (configured by ``config``) on ``example`` and returns its result record.
 
@@ -104,7 +107,14 @@ def run_one(
 
     ``problems`` caches the example's precomputation by objective across calls; pass the same dict for
     every attack of one example (and a fresh one for the next example).
+
+    ``smoothing`` (needs ``generate``) adds the permutation-smoothing defense on the chosen order:
+    ``defended`` maps ``smooth_kK`` for each K in ``smoothing_ks`` (default ``(smoothing.k,)``) to
+    ``{"prediction", "scores", "agreement"}`` (see ``atp_jax.eval.smoothing``), and ``defense_seconds``
+    the time of its one batched generation.
     """
+    if smoothing is not None and not generate:
+        raise ValueError("smoothing votes over generated answers: pass generate=True, or smoothing=None")
     problems = {} if problems is None else problems
     try:
         if config.objective not in problems:
@@ -116,13 +126,25 @@ def run_one(
     prediction, scores = None, {}
     if generate:
         ((prediction, scores),) = _answer_and_scores(model, example, [result.table], style, max_new_tokens)
-    return {
+    generate_seconds = time.perf_counter() - start
+    record = {
         "id": example.id, "attack": name, "row_perm": list(result.row_perm),
         "col_perm": list(result.col_perm), "prediction": prediction, "scores": scores,
         "answer_loss": result.loss, "clean_loss": result.clean_loss, "queries": result.forward_calls,
         "backward_calls": result.backward_calls, "seconds": result.seconds,
-        "generate_seconds": time.perf_counter() - start, "trace": result.trace,
+        "generate_seconds": generate_seconds, "trace": result.trace,
     }
+    if smoothing is not None:
+        start = time.perf_counter()
+        # The defense answers the table the attack chose: what a defended system would receive.
+        smoothed = smoothed_answers(model, example, result.table, smoothing, style, max_new_tokens, smoothing_ks)
+        record["defended"] = {
+            f"smooth_k{k}": {"prediction": a.prediction, "agreement": a.agreement,
+                             "scores": score(example.dataset or "wtq", a.prediction, example.answers, example.meta)}
+            for k, a in smoothed.items()
+        }
+        record["defense_seconds"] = time.perf_counter() - start
+    return record
 
 
 def replay(
