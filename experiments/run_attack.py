@@ -16,6 +16,7 @@ import dataclasses
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 from absl import app, flags
@@ -25,8 +26,10 @@ import atp_jax
 from atp_jax.attack.config import PRESETS, preset
 from atp_jax.distributed import MODES, maybe_initialize
 from atp_jax.eval.experiment import environment, manifest_path, results_path, run_one, select_examples
+from atp_jax.eval.judge import ModelJudge, OpenAICompatibleJudge
 from atp_jax.eval.records import append_record, done_keys, read_records
 from atp_jax.eval.report import defense_table, markdown_table, summarize
+from atp_jax.eval.scoring import METRICS, Scorer
 from atp_jax.eval.smoothing import SmoothingConfig
 from atp_jax.tables.linearize import STYLES
 from atp_jax.tables.prompt import PromptStyle
@@ -53,6 +56,11 @@ flags.DEFINE_list("smoothing_k", [], "Permutation-smoothing defense: comma list 
 flags.DEFINE_bool("smoothing_canonical", True, "Draw the smoothing orders from the table's canonical order (the "
                   "answer then depends on the content only); false: from the order it arrives in.")
 flags.DEFINE_bool("smoothing_include_original", False, "The arriving (attacked) order casts one extra, first vote.")
+flags.DEFINE_list("metrics", ["auto"], f"Scores of each answer: {', '.join(METRICS)} (auto: the dataset's own).")
+flags.DEFINE_string("judge_model", None, "The 'judge' metric with a local model: zoo name, HF directory or .gguf.")
+flags.DEFINE_string("judge_url", None, "The 'judge' metric from an OpenAI-compatible server, e.g. http://host:8000.")
+flags.DEFINE_string("judge_name", "judge", "The model name sent to --judge_url.")
+flags.DEFINE_string("judge_api_key_env", "OPENAI_API_KEY", "Environment variable holding --judge_url's API key.")
 flags.DEFINE_string("output_dir", "results/demo", "Where results.jsonl and run.json go.")
 flags.DEFINE_integer("process_index", None, "This process's shard (default: jax.process_index()).")
 flags.DEFINE_integer("process_count", None, "Number of shards (default: jax.process_count()).")
@@ -93,6 +101,54 @@ def _smoothing_ks(values: list[str], generate: bool) -> tuple[int, ...] | str:
     return tuple(sorted(set(ks)))
 
 
+def _judge_from_url() -> OpenAICompatibleJudge | None:
+    """Checks the metric and judge flags; the URL judge, probed once, or None."""
+    unknown = [m for m in FLAGS.metrics if m not in METRICS]
+    if unknown:
+        sys.exit(f"--metrics: unknown {', '.join(unknown)}; choose from {', '.join(METRICS)}")
+    wants_judge = "judge" in FLAGS.metrics
+    if wants_judge != bool(FLAGS.judge_model or FLAGS.judge_url) or (FLAGS.judge_model and FLAGS.judge_url):
+        sys.exit("the 'judge' metric needs exactly one of --judge_model or --judge_url, and they need "
+                 "--metrics to include judge (e.g. --metrics auto,judge --judge_url http://host:8000)")
+    if wants_judge and not FLAGS.generate:
+        sys.exit("--metrics judge scores generated answers: drop --nogenerate")
+    if not FLAGS.judge_url:
+        return None
+    try:
+        api_key = os.environ.get(FLAGS.judge_api_key_env)
+        judge = OpenAICompatibleJudge(FLAGS.judge_url, FLAGS.judge_name, api_key=api_key)
+        judge.check()
+    except (ValueError, ConnectionError) as e:
+        sys.exit(f"--judge_url {FLAGS.judge_url}: {e}")
+    return judge
+
+
+def _writable_folder(folder: Path) -> Path:
+    """``folder``, created; exits with one message if it cannot be created or written."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        sys.exit(f"--output_dir {folder} is not a writable folder ({e.strerror or e}); choose another")
+    return folder
+
+
+def _running_means(record: dict, running: dict) -> dict:
+    """Progress-bar postfix: the mean loss (and first score) so far of the attack that just ran."""
+    if "skipped" in record:
+        return {"attack": record["attack"], "skipped": record["skipped"][:40]}
+    losses, scores = running.setdefault(record["attack"], ([], []))
+    losses.append(record["answer_loss"])
+    values = [v for v in (record.get("scores") or {}).values() if isinstance(v, (int, float))]
+    if values:
+        scores.append(values[0])
+    postfix = {"attack": record["attack"], "mean_CE": f"{sum(losses) / len(losses):.3f}"}
+    if scores:
+        postfix["mean_score"] = f"{sum(scores) / len(scores):.3f}"
+    return postfix
+
+
 def main(argv):
     del argv
     # First: jax.distributed must be joined before anything creates a backend.
@@ -109,21 +165,31 @@ def main(argv):
                                     include_original=FLAGS.smoothing_include_original, seed=FLAGS.seed)
     process_index = jax_index if FLAGS.process_index is None else FLAGS.process_index
     process_count = jax_count if FLAGS.process_count is None else FLAGS.process_count
-    out = Path(FLAGS.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    # Everything a user can get wrong is checked here, before a model is loaded.
+    judge_url = _judge_from_url()
+    out = _writable_folder(Path(FLAGS.output_dir))
     results = results_path(out, process_index, process_count)
+    try:
+        examples = select_examples(
+            FLAGS.dataset, FLAGS.split, FLAGS.data_dir, FLAGS.num_examples, FLAGS.filter_order_sensitive,
+            FLAGS.max_rows, FLAGS.max_cols, process_index, process_count,
+        )
+    except (OSError, ValueError) as e:
+        sys.exit(f"--dataset {FLAGS.dataset}: {e}")
 
     model = atp_jax.load_model(FLAGS.model)
+    judge = judge_url
+    if FLAGS.judge_model:
+        same = FLAGS.judge_model == FLAGS.model
+        judge = ModelJudge.from_model(model if same else atp_jax.load_model(FLAGS.judge_model))
+    scorer = Scorer(tuple(FLAGS.metrics), judge)
     style = PromptStyle(linearization=FLAGS.style)
-    examples = select_examples(
-        FLAGS.dataset, FLAGS.split, FLAGS.data_dir, FLAGS.num_examples, FLAGS.filter_order_sensitive,
-        FLAGS.max_rows, FLAGS.max_cols, process_index, process_count,
-    )
     configs = {name: _config(name) for name in FLAGS.attacks}
     manifest = {
         "model": model.name, "model_source": model.source, "dataset": FLAGS.dataset, "split": FLAGS.split,
         "style": dataclasses.asdict(style), "attacks": {k: dataclasses.asdict(v) for k, v in configs.items()},
-        "examples": len(examples), "seed": FLAGS.seed,
+        "examples": len(examples), "seed": FLAGS.seed, "metrics": FLAGS.metrics,
+        "judge": FLAGS.judge_model or (FLAGS.judge_url and f"{FLAGS.judge_name} at {FLAGS.judge_url}"),
         "smoothing": None if smoothing is None else {**dataclasses.asdict(smoothing), "ks": list(smoothing_ks)},
         **environment(),
         "process_index": process_index, "process_count": process_count, "argv": sys.argv,
@@ -134,14 +200,17 @@ def main(argv):
     todo = [(ex, name) for ex in examples for name in configs if (ex.id, name) not in done]
     print(f"{len(examples)} examples x {len(configs)} attacks: {len(done)} recorded, {len(todo)} to run")
     bar = tqdm(total=len(todo), desc="attacking")
+    running = {}
     for example in examples:
         problems = {}  # the example's precomputation, shared by its attacks
         for name, config in configs.items():
             if (example.id, name) in done:
                 continue
-            append_record(results, run_one(model, example, name, config, style, problems=problems,
-                                           generate=FLAGS.generate, max_new_tokens=FLAGS.max_new_tokens,
-                                           smoothing=smoothing, smoothing_ks=smoothing_ks or None))
+            record = run_one(model, example, name, config, style, problems=problems, generate=FLAGS.generate,
+                             max_new_tokens=FLAGS.max_new_tokens, smoothing=smoothing,
+                             smoothing_ks=smoothing_ks or None, scorer=scorer)
+            append_record(results, record)
+            bar.set_postfix(_running_means(record, running), refresh=False)
             bar.update()
     bar.close()
     records = [r for r in read_records(results) if "skipped" not in r]

@@ -235,3 +235,23 @@ def test_judge_configuration_errors():
         OpenAICompatibleJudge("http://x", "m", max_concurrency=0)
     assert OpenAICompatibleJudge("http://x/v1/chat/completions", "m").endpoint == "http://x/v1/chat/completions"
     assert OpenAICompatibleJudge("http://x/", "m").endpoint == "http://x/v1/chat/completions"
+
+
+def test_check_passes_on_a_live_server_even_with_an_unparsable_reply():
+    with _Server([(200, "sure")]) as server:
+        _judge(server.url).check()
+    assert len(server.requests) == 1
+
+
+def test_check_names_the_url_of_a_refusing_or_failing_judge():
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with pytest.raises(ConnectionError, match=f"127.0.0.1:{port}.*connection error"):
+        _judge(f"http://127.0.0.1:{port}").check()
+    with _Server([(401, "bad key")]) as server:
+        with pytest.raises(ConnectionError, match="http 401"):
+            _judge(server.url).check()
+        assert len(server.requests) == 1  # a check never retries

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from atp_jax.diagnostics.attention import Diagnosis
-from atp_jax.eval.report import _figure
+from atp_jax.eval.report import new_figure
 
 MEASURES = ("evidence", "row_boundary", "within_row")
 _LABELS = {
@@ -95,7 +95,7 @@ def summary_markdown(summary: dict) -> str:
 
 def plot_layers(pairs: Sequence[dict], path: str | os.PathLike, title: str = "") -> None:
     """PNG like the paper's Figure 5: each measure per layer, mean over examples, clean vs permuted."""
-    figure = _figure(4.2 * len(MEASURES), 3.3)
+    figure = new_figure(4.2 * len(MEASURES), 3.3)
     axes = figure.subplots(1, len(MEASURES))
     for ax, measure in zip(axes, MEASURES):
         for which, style in (("clean", "-"), ("permuted", "--")):
@@ -116,7 +116,7 @@ def plot_heatmaps(pair: dict, table_cells: Sequence[Sequence[str]], layer: int, 
     permuted = np.asarray(pair["permuted"]["cells"][layer])
     top = max(clean.max(), permuted.max())
     rows, cols = clean.shape
-    figure = _figure(2 * (1.2 + 0.9 * cols), 0.8 + 0.35 * rows)
+    figure = new_figure(2 * (1.2 + 0.9 * cols), 0.8 + 0.35 * rows)
     axes = figure.subplots(1, 2)
     for ax, values, name in ((axes[0], clean, "original order"), (axes[1], permuted, "adversarial order")):
         image = ax.imshow(values, vmin=0, vmax=top, cmap="viridis", aspect="auto")

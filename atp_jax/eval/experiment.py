@@ -20,8 +20,8 @@ from atp_jax.attack.config import ATPConfig
 from atp_jax.attack.problem import AttackInputError, make_problem
 from atp_jax.attack.run import attack
 from atp_jax.data.datasets import filter_examples, load_dataset
-from atp_jax.eval.metrics import score
 from atp_jax.eval.qa import answer_losses, answers
+from atp_jax.eval.scoring import Scorer
 from atp_jax.eval.smoothing import SmoothingConfig, smoothed_answers
 from atp_jax.models.loading import LoadedModel
 from atp_jax.tables.prompt import PromptStyle
@@ -78,9 +78,10 @@ def environment() -> dict:
             "devices": [str(d) for d in jax.devices()]}
 
 
-def _answer_and_scores(model: LoadedModel, example: Example, tables, style: PromptStyle, max_new_tokens: int):
+def _answer_and_scores(model: LoadedModel, example: Example, tables, style: PromptStyle, max_new_tokens: int,
+                       scorer: Scorer | None):
     predictions = answers(model, example, tables, style, max_new_tokens)
-    return [(p, score(example.dataset or "wtq", p, example.answers, example.meta)) for p in predictions]
+    return list(zip(predictions, (scorer or Scorer())(example, predictions)))
 
 
 def run_one(
@@ -95,13 +96,14 @@ def run_one(
     max_new_tokens: int = 32,
     smoothing: SmoothingConfig | None = None,
     smoothing_ks: Sequence[int] | None = None,
+    scorer: Scorer | None = None,
 ) -> dict:
     """Runs attack ``name`` (configured by ``config``) on ``example`` and returns its result record.
 
     The record: ``id``, ``attack``, ``row_perm``, ``col_perm``, ``prediction`` (the model's answer under
-    the chosen order, None without ``generate``), ``scores`` (the dataset's metrics of that answer, {}
-    without ``generate``), ``answer_loss`` / ``clean_loss`` (reference-answer loss under the chosen /
-    original order, on re-rendered text), ``queries`` / ``backward_calls`` (sequences forwarded /
+    the chosen order, None without ``generate``), ``scores`` (``scorer``'s metrics of that answer, by
+    default the dataset's own; {} without ``generate``), ``answer_loss`` / ``clean_loss``
+    (reference-answer loss under the chosen / original order, on re-rendered text), ``queries`` / ``backward_calls`` (sequences forwarded /
     backpropagated), ``seconds`` (the attack), ``generate_seconds`` and ``trace``. An example the attack
     cannot take gives ``{"id", "attack", "skipped": reason}``.
 
@@ -125,7 +127,7 @@ def run_one(
     start = time.perf_counter()
     prediction, scores = None, {}
     if generate:
-        ((prediction, scores),) = _answer_and_scores(model, example, [result.table], style, max_new_tokens)
+        ((prediction, scores),) = _answer_and_scores(model, example, [result.table], style, max_new_tokens, scorer)
     generate_seconds = time.perf_counter() - start
     record = {
         "id": example.id, "attack": name, "row_perm": list(result.row_perm),
@@ -138,10 +140,11 @@ def run_one(
         start = time.perf_counter()
         # The defense answers the table the attack chose: what a defended system would receive.
         smoothed = smoothed_answers(model, example, result.table, smoothing, style, max_new_tokens, smoothing_ks)
+        defended = list(smoothed.items())
+        defended_scores = (scorer or Scorer())(example, [a.prediction for _, a in defended])
         record["defended"] = {
-            f"smooth_k{k}": {"prediction": a.prediction, "agreement": a.agreement,
-                             "scores": score(example.dataset or "wtq", a.prediction, example.answers, example.meta)}
-            for k, a in smoothed.items()
+            f"smooth_k{k}": {"prediction": a.prediction, "agreement": a.agreement, "scores": scores}
+            for (k, a), scores in zip(defended, defended_scores)
         }
         record["defense_seconds"] = time.perf_counter() - start
     return record
@@ -156,6 +159,7 @@ def replay(
     source: dict,
     generate: bool = False,
     max_new_tokens: int = 32,
+    scorer: Scorer | None = None,
 ) -> list[dict]:
     """Scores the orders recorded in ``sources`` (records of ``example`` from another run) on ``model``.
 
@@ -174,7 +178,9 @@ def replay(
     losses = answer_losses(model, example, [example.table, *tables], style) if usable else []
     seconds = time.perf_counter() - start
     start = time.perf_counter()
-    generated = _answer_and_scores(model, example, tables, style, max_new_tokens) if generate and usable else []
+    generated = []
+    if generate and usable:
+        generated = _answer_and_scores(model, example, tables, style, max_new_tokens, scorer)
     generate_seconds = time.perf_counter() - start
     out, k = [], 0
     for r in sources:

@@ -24,7 +24,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 __all__ = [
@@ -243,6 +243,15 @@ class OpenAICompatibleJudge:
         workers = min(self.max_concurrency, len(prompts))
         with ThreadPoolExecutor(max_workers=workers) as pool:
             return list(pool.map(self._judge_prompt, prompts))
+
+    def check(self, timeout: float = 10.0) -> None:
+        """Sends one trivial item, without retries; raises ``ConnectionError`` naming the URL if the judge
+        cannot answer (unreachable, refused, HTTP error). Run it before long work, not after."""
+        probe = replace(self, max_retries=0, timeout=min(self.timeout, timeout))
+        verdict = probe._judge_prompt(_prompt_for(JudgeItem("What is 2 + 2?", "4", "4")))
+        if verdict.error is not None and verdict.error != "unparsable":
+            raise ConnectionError(f"judge at {self.endpoint} (model {self.model!r}) did not answer: {verdict.error}; "
+                                  "check --judge_url and that the server is up, or drop the judge metric")
 
     def _judge_prompt(self, prompt: str) -> JudgeScore:
         attempt = 0

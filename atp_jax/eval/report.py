@@ -321,7 +321,8 @@ def score_csv(tables: list[ScoreTable]) -> str:
     return buffer.getvalue()
 
 
-def _figure(width: float, height: float):
+def new_figure(width: float, height: float):
+    """A matplotlib Figure of ``width`` x ``height`` inches with an Agg canvas (PNG output, no pyplot)."""
     # The object API with an explicit Agg canvas: no pyplot, no global backend to switch.
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -336,7 +337,7 @@ def plot_scores(tables: list[ScoreTable], path: str | os.PathLike) -> None:
     if not tables:
         raise ValueError("plot_scores: no tables to plot")
     widest = max(len(t.attacks) * max(len(t.models), 1) for t in tables)
-    figure = _figure(max(4.0, 0.35 * widest + 2) * len(tables), 4.0)
+    figure = new_figure(max(4.0, 0.35 * widest + 2) * len(tables), 4.0)
     axes = figure.subplots(1, len(tables), squeeze=False)[0]
     for ax, t in zip(axes, tables):
         x = np.arange(len(t.attacks))
@@ -406,7 +407,7 @@ def plot_sweeps(sweeps: dict[str, list[dict]], path: str | os.PathLike) -> None:
     sweeps = {p: rows for p, rows in sweeps.items() if rows}
     if not sweeps:
         raise ValueError("plot_sweeps: no sweep has any recorded point")
-    figure = _figure(4.5 * len(sweeps), 3.5)
+    figure = new_figure(4.5 * len(sweeps), 3.5)
     axes = figure.subplots(1, len(sweeps), squeeze=False)[0]
     for ax, (parameter, rows) in zip(axes, sweeps.items()):
         x = [row[parameter] for row in rows]

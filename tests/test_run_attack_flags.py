@@ -1,0 +1,64 @@
+"""run_attack.py stops on a bad flag with one clear message, before any model work.
+
+Every case passes ``--model`` as a file that does not exist: if the binary touched the model before
+checking the flag, the error would be about the model instead.
+"""
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+NO_MODEL = "/nonexistent/model.gguf"
+
+
+def _run(tmp_path, *args):
+    command = [sys.executable, "experiments/run_attack.py", "--model", NO_MODEL,
+               "--output_dir", str(tmp_path / "out"), *args]
+    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+
+
+def _closed_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--attacks", "vanilla,atp_magic"], "unknown attack(s) atp_magic"),
+    (["--dataset", "/nonexistent/data.jsonl"], "--dataset /nonexistent/data.jsonl"),
+    (["--metrics", "bleu"], "--metrics: unknown bleu"),
+    (["--metrics", "auto,judge"], "needs exactly one of --judge_model or --judge_url"),
+    (["--metrics", "auto,judge", "--judge_model", "x", "--nogenerate"], "drop --nogenerate"),
+])
+def test_bad_flag_stops_before_the_model(tmp_path, args, message):
+    done = _run(tmp_path, *args)
+    assert done.returncode != 0
+    assert message in done.stderr, done.stderr[-2000:]
+    assert "nonexistent/model" not in done.stderr
+
+
+def test_unreachable_judge_url_is_named(tmp_path):
+    url = f"http://127.0.0.1:{_closed_port()}"
+    done = _run(tmp_path, "--metrics", "auto,judge", "--judge_url", url)
+    assert done.returncode != 0
+    assert f"--judge_url {url}" in done.stderr and "connection error" in done.stderr, done.stderr[-2000:]
+    assert "nonexistent/model" not in done.stderr
+
+
+def test_unwritable_output_dir_is_named(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    command = [sys.executable, "experiments/run_attack.py", "--model", NO_MODEL, "--output_dir", str(blocker / "out")]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode != 0
+    assert f"--output_dir {blocker / 'out'} is not a writable folder" in done.stderr, done.stderr[-2000:]
+
+
+def test_with_good_flags_the_missing_model_is_what_stops_it(tmp_path):
+    """The control: the cases above would have mentioned the model had they reached it."""
+    done = _run(tmp_path, "--attacks", "vanilla", "--num_examples", "1")
+    assert done.returncode != 0 and "nonexistent/model" in done.stderr, done.stderr[-2000:]

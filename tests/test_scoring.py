@@ -1,0 +1,50 @@
+"""Scorer: the dataset's metric by default, named metrics, and a judge whose failures are not zeros."""
+
+import math
+
+import pytest
+
+from atp_jax.eval.judge import JudgeScore, ModelJudge
+from atp_jax.eval.scoring import Scorer
+from atp_jax.tables.table import Example, Table
+
+TABLE = Table(["Year", "Revenue"], [["2019", "1,200"], ["2020", "1,500"]])
+WTQ = Example("Which year had the higher revenue?", TABLE, ["2020"], "w", dataset="wtq")
+TATQA = Example("What was the revenue in 2020?", TABLE, ["1500"], "t", dataset="tatqa",
+                meta={"scale": "thousand", "answer_type": "span"})
+
+
+def test_auto_uses_each_datasets_own_metric():
+    assert Scorer()(WTQ, ["2020", "2019"]) == [{"accuracy": 1.0}, {"accuracy": 0.0}]
+    (scores,) = Scorer()(TATQA, ["1500"])
+    assert set(scores) == {"em", "f1"}
+
+
+def test_named_metrics_apply_to_any_dataset():
+    (scores,) = Scorer(("denotation", "rouge"))(TATQA, ["1500"])
+    assert scores["accuracy"] == 1.0 and scores["rougeL_recall"] == 1.0
+    (scores,) = Scorer(("em_f1",))(WTQ, ["2020"])
+    assert scores == {"em": 1.0, "f1": 1.0}
+
+
+def test_judge_scores_in_one_batch_and_failures_stay_none():
+    calls = []
+
+    def generate(prompts):
+        calls.append(len(prompts))
+        return ["0.8", "no idea"]
+
+    out = Scorer(("auto", "judge"), ModelJudge(generate))(WTQ, ["2020", "2019"])
+    assert calls == [2]
+    assert out[0] == {"accuracy": 1.0, "judge": 0.8}
+    assert out[1]["judge"] is None and out[1]["judge_error"] == "unparsable" and not math.isnan(out[1]["accuracy"])
+    assert JudgeScore(None, "", "unparsable").score is None
+
+
+def test_configuration_errors_name_the_fix():
+    with pytest.raises(ValueError, match="choose from"):
+        Scorer(("bleu",))
+    with pytest.raises(ValueError, match="needs a judge"):
+        Scorer(("judge",))
+    with pytest.raises(ValueError, match="needs the 'judge' metric"):
+        Scorer(("auto",), ModelJudge(lambda p: p))
