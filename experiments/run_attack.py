@@ -23,7 +23,7 @@ from absl import app, flags
 from tqdm import tqdm
 
 import atp_jax
-from atp_jax.attack.config import PRESETS, preset
+from atp_jax.attack.config import ATTACK_GROUPS, PRESETS, attack_names, preset
 from atp_jax.distributed import MODES, maybe_initialize
 from atp_jax.eval.experiment import environment, manifest_path, results_path, run_one, select_examples
 from atp_jax.eval.judge import ModelJudge, OpenAICompatibleJudge
@@ -31,10 +31,11 @@ from atp_jax.eval.records import append_record, done_keys, read_records
 from atp_jax.eval.report import defense_table, markdown_table, summarize
 from atp_jax.eval.scoring import METRICS, Scorer
 from atp_jax.eval.smoothing import SmoothingConfig
+from atp_jax.models.loading import DEFAULT_MODEL
 from atp_jax.tables.linearize import STYLES
 from atp_jax.tables.prompt import PromptStyle
 
-flags.DEFINE_string("model", "smollm2-135m-instruct", "Zoo name, HF model directory or .gguf file.")
+flags.DEFINE_string("model", DEFAULT_MODEL, "Zoo name, HF model directory or .gguf file.")
 flags.DEFINE_string("dataset", "sample", "sample | wtq | tatqa | fetaqa | path.jsonl")
 flags.DEFINE_string("data_dir", None, "Folder with wtq/, tatqa/, fetaqa/ (default: $ATP_JAX_DATA).")
 flags.DEFINE_string("split", "dev", "Dataset split.")
@@ -43,7 +44,9 @@ flags.DEFINE_bool("filter_order_sensitive", True, "Keep only questions that ment
 flags.DEFINE_integer("max_rows", 12, "Skip tables with more data rows.")
 flags.DEFINE_integer("max_cols", 8, "Skip tables with more columns.")
 flags.DEFINE_enum("style", "markdown", list(STYLES), "Table linearization.")
-flags.DEFINE_list("attacks", ",".join(PRESETS), f"Comma list of: {', '.join(PRESETS)}.")
+flags.DEFINE_list("attacks", ["paper_table"], f"Comma list of: {', '.join(PRESETS)}; or a group: "
+                  + "; ".join(f"{k} = {', '.join(v)}" for k, v in ATTACK_GROUPS.items() if k != "all")
+                  + "; all = every attack.")
 flags.DEFINE_integer("n_attack", None, "Override steps/iterations of gradient attacks.")
 flags.DEFINE_float("lambda_row", None, "Override λ_r of ATP attacks.")
 flags.DEFINE_float("lambda_col", None, "Override λ_c of ATP attacks.")
@@ -153,9 +156,10 @@ def main(argv):
     del argv
     # First: jax.distributed must be joined before anything creates a backend.
     jax_index, jax_count = maybe_initialize(FLAGS.distributed)
-    unknown = [a for a in FLAGS.attacks if a not in PRESETS]
-    if unknown:
-        sys.exit(f"unknown attack(s) {', '.join(unknown)}; known: {', '.join(PRESETS)}")
+    try:
+        attacks = attack_names(FLAGS.attacks)
+    except ValueError as e:
+        sys.exit(str(e))
     smoothing_ks = _smoothing_ks(FLAGS.smoothing_k, FLAGS.generate)
     if isinstance(smoothing_ks, str):
         sys.exit(smoothing_ks)
@@ -184,7 +188,7 @@ def main(argv):
         judge = ModelJudge.from_model(model if same else atp_jax.load_model(FLAGS.judge_model))
     scorer = Scorer(tuple(FLAGS.metrics), judge)
     style = PromptStyle(linearization=FLAGS.style)
-    configs = {name: _config(name) for name in FLAGS.attacks}
+    configs = {name: _config(name) for name in attacks}
     manifest = {
         "model": model.name, "model_source": model.source, "dataset": FLAGS.dataset, "split": FLAGS.split,
         "style": dataclasses.asdict(style), "attacks": {k: dataclasses.asdict(v) for k, v in configs.items()},

@@ -62,3 +62,13 @@ def test_with_good_flags_the_missing_model_is_what_stops_it(tmp_path):
     """The control: the cases above would have mentioned the model had they reached it."""
     done = _run(tmp_path, "--attacks", "vanilla", "--num_examples", "1")
     assert done.returncode != 0 and "nonexistent/model" in done.stderr, done.stderr[-2000:]
+
+
+def test_attack_groups_expand_in_order_without_duplicates():
+    from atp_jax.attack.config import PRESETS, attack_names
+
+    assert attack_names(["paper_table"]) == ["vanilla", "random", "best_of_k", "row_reverse", "col_reverse",
+                                             "evolution", "atp_row", "atp_col", "atp_joint"]
+    assert attack_names(["paper", "all"]) == ["paper", *[a for a in PRESETS if a != "paper"]]
+    with pytest.raises(ValueError, match="unknown attack.*nope.*or a group: paper_table, all"):
+        attack_names(["vanilla", "nope"])

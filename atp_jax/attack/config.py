@@ -131,6 +131,25 @@ PRESETS: dict[str, ATPConfig] = {
 }
 
 
+# Names that stand for several attacks in ``--attacks``: the paper's table columns (Vanilla | Rand | Best 20 |
+# Row Rvs | Col Rvs | E-Search | ATP Row | ATP Col | ATP Row&Col), and everything.
+ATTACK_GROUPS: dict[str, tuple[str, ...]] = {
+    "paper_table": ("vanilla", "random", "best_of_k", "row_reverse", "col_reverse", "evolution", "atp_row", "atp_col",
+                    "atp_joint"),
+    "all": tuple(PRESETS),
+}
+
+
+def attack_names(names) -> list[str]:
+    """``names`` with groups expanded, duplicates dropped, in order; unknown names raise ``ValueError``."""
+    expanded = [a for name in names for a in ATTACK_GROUPS.get(name, (name,))]
+    unknown = [a for a in expanded if a not in PRESETS]
+    if unknown:
+        raise ValueError(f"unknown attack(s) {', '.join(unknown)}; known: {', '.join(PRESETS)}, "
+                         f"or a group: {', '.join(ATTACK_GROUPS)}")
+    return list(dict.fromkeys(expanded))
+
+
 def preset(name: str, **overrides) -> ATPConfig:
     """The named configuration, with fields overridden (e.g. ``preset("paper", seed=3)``)."""
     if name not in PRESETS:
