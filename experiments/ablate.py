@@ -19,13 +19,14 @@ import os
 import sys
 from pathlib import Path
 
+import selection  # experiments/selection.py: the flags every binary shares
 from absl import app, flags
 from tqdm import tqdm
 
 import atp_jax
 from atp_jax.attack.config import PRESETS, preset
-from atp_jax.distributed import MODES, maybe_initialize
-from atp_jax.eval.experiment import environment, manifest_path, results_path, run_one, select_examples
+from atp_jax.distributed import maybe_initialize
+from atp_jax.eval.experiment import environment, manifest_path, results_path, run_one
 from atp_jax.eval.records import append_record, done_keys
 from atp_jax.eval.report import markdown_table, merge_records, plot_sweeps, results_files, sweep_name, sweep_rows
 from atp_jax.tables.linearize import STYLES
@@ -34,13 +35,7 @@ from atp_jax.tables.prompt import PromptStyle
 SWEEPS = ("lambda", "n_attack")
 
 flags.DEFINE_string("model", "smollm2-135m-instruct", "Zoo name, HF model directory or .gguf file.")
-flags.DEFINE_string("dataset", "sample", "sample | wtq | tatqa | fetaqa | path.jsonl")
-flags.DEFINE_string("data_dir", None, "Folder with wtq/, tatqa/, fetaqa/ (default: $ATP_JAX_DATA).")
-flags.DEFINE_string("split", "dev", "Dataset split.")
-flags.DEFINE_integer("num_examples", 12, "Examples (after filtering), 0 for all.")
-flags.DEFINE_bool("filter_order_sensitive", True, "Keep only questions that mention order (paper's rule).")
-flags.DEFINE_integer("max_rows", 12, "Skip tables with more data rows.")
-flags.DEFINE_integer("max_cols", 8, "Skip tables with more columns.")
+selection.define_flags(num_examples=12)
 flags.DEFINE_enum("style", "markdown", list(STYLES), "Table linearization.")
 flags.DEFINE_string("attack", "paper", "The preset swept (an ATP preset; N_attack also takes a search preset).")
 flags.DEFINE_list("sweeps", ",".join(SWEEPS), f"Which sweeps to run: {', '.join(SWEEPS)}.")
@@ -50,10 +45,6 @@ flags.DEFINE_integer("seed", 0, "Seed of every attack.")
 flags.DEFINE_integer("max_new_tokens", 32, "Generation budget for the answer under the chosen order.")
 flags.DEFINE_bool("generate", True, "Generate and score the model's answer under each chosen order.")
 flags.DEFINE_string("output_dir", "results/ablation", "Where the sweep folders, ablation.md and ablation.png go.")
-flags.DEFINE_integer("process_index", None, "This process's shard (default: jax.process_index()).")
-flags.DEFINE_integer("process_count", None, "Number of shards (default: jax.process_count()).")
-flags.DEFINE_enum("distributed", "auto", list(MODES),
-                  "Join jax.distributed: auto (when SLURM/TPU-slice/JAX_COORDINATOR_ADDRESS says so), on, off.")
 FLAGS = flags.FLAGS
 
 
@@ -100,10 +91,7 @@ def main(argv):
 
     model = atp_jax.load_model(FLAGS.model)
     style = PromptStyle(linearization=FLAGS.style)
-    examples = select_examples(
-        FLAGS.dataset, FLAGS.split, FLAGS.data_dir, FLAGS.num_examples, FLAGS.filter_order_sensitive,
-        FLAGS.max_rows, FLAGS.max_cols, process_index, process_count,
-    )
+    examples = selection.examples(process_index, process_count)
     results, done = {}, set()
     for parameter, configs in sweeps.items():
         folder = out / parameter

@@ -21,6 +21,7 @@ import os
 import sys
 from pathlib import Path
 
+import selection  # experiments/selection.py: the flags every binary shares
 from absl import app, flags
 from tqdm import tqdm
 
@@ -29,7 +30,7 @@ from atp_jax.attack.config import PRESETS, preset
 from atp_jax.attack.problem import AttackInputError
 from atp_jax.diagnostics.attention import diagnose
 from atp_jax.diagnostics.summary import diagnosis_json, plot_heatmaps, plot_layers, summarize_pairs, summary_markdown
-from atp_jax.eval.experiment import environment, select_examples
+from atp_jax.eval.experiment import environment
 from atp_jax.eval.qa import answer_losses
 from atp_jax.eval.records import append_record, read_records
 from atp_jax.eval.report import load_run
@@ -37,13 +38,7 @@ from atp_jax.models.loading import DEFAULT_MODEL
 from atp_jax.tables.prompt import PromptStyle
 
 flags.DEFINE_string("model", DEFAULT_MODEL, "Zoo name, HF model directory or .gguf file.")
-flags.DEFINE_string("dataset", "sample", "sample | wtq | tatqa | fetaqa | path.jsonl")
-flags.DEFINE_string("data_dir", None, "Folder with wtq/, tatqa/, fetaqa/ (default: $ATP_JAX_DATA).")
-flags.DEFINE_string("split", "dev", "Dataset split.")
-flags.DEFINE_integer("num_examples", 20, "Examples to diagnose (after filtering), 0 for all.")
-flags.DEFINE_bool("filter_order_sensitive", True, "Keep only questions that mention order (paper's rule).")
-flags.DEFINE_integer("max_rows", 12, "Skip tables with more data rows.")
-flags.DEFINE_integer("max_cols", 8, "Skip tables with more columns.")
+selection.define_flags(num_examples=20, sharding=False)
 flags.DEFINE_string("results", None, "A results folder whose --attack orders are diagnosed (others: run here).")
 flags.DEFINE_string("attack", "best_of_k", f"The attack whose order is the adversarial one: {', '.join(PRESETS)}.")
 flags.DEFINE_integer("heatmaps", 4, "Draw heatmaps for this many examples.")
@@ -70,8 +65,7 @@ def main(argv):
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         sys.exit(f"cannot create --output_dir {out}: {e}")
-    examples = select_examples(FLAGS.dataset, FLAGS.split, FLAGS.data_dir, FLAGS.num_examples,
-                               FLAGS.filter_order_sensitive, FLAGS.max_rows, FLAGS.max_cols)
+    examples = selection.examples()
     model = atp_jax.load_model(FLAGS.model)
     style = PromptStyle()
     (out / "run.json").write_text(json.dumps({

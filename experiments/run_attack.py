@@ -19,13 +19,14 @@ import sys
 import tempfile
 from pathlib import Path
 
+import selection  # experiments/selection.py: the flags every binary shares
 from absl import app, flags
 from tqdm import tqdm
 
 import atp_jax
 from atp_jax.attack.config import ATTACK_GROUPS, PRESETS, attack_names, preset
-from atp_jax.distributed import MODES, maybe_initialize
-from atp_jax.eval.experiment import environment, manifest_path, results_path, run_one, select_examples
+from atp_jax.distributed import maybe_initialize
+from atp_jax.eval.experiment import environment, manifest_path, results_path, run_one
 from atp_jax.eval.judge import ModelJudge, OpenAICompatibleJudge
 from atp_jax.eval.records import append_record, done_keys, read_records
 from atp_jax.eval.report import defense_table, markdown_table, summarize
@@ -36,13 +37,7 @@ from atp_jax.tables.linearize import STYLES
 from atp_jax.tables.prompt import PromptStyle
 
 flags.DEFINE_string("model", DEFAULT_MODEL, "Zoo name, HF model directory or .gguf file.")
-flags.DEFINE_string("dataset", "sample", "sample | wtq | tatqa | fetaqa | path.jsonl")
-flags.DEFINE_string("data_dir", None, "Folder with wtq/, tatqa/, fetaqa/ (default: $ATP_JAX_DATA).")
-flags.DEFINE_string("split", "dev", "Dataset split.")
-flags.DEFINE_integer("num_examples", 3, "Examples to attack (after filtering), 0 for all.")
-flags.DEFINE_bool("filter_order_sensitive", True, "Keep only questions that mention order (paper's rule).")
-flags.DEFINE_integer("max_rows", 12, "Skip tables with more data rows.")
-flags.DEFINE_integer("max_cols", 8, "Skip tables with more columns.")
+selection.define_flags(num_examples=3)
 flags.DEFINE_enum("style", "markdown", list(STYLES), "Table linearization.")
 flags.DEFINE_list("attacks", ["paper_table"], f"Comma list of: {', '.join(PRESETS)}; or a group: "
                   + "; ".join(f"{k} = {', '.join(v)}" for k, v in ATTACK_GROUPS.items() if k != "all")
@@ -65,10 +60,6 @@ flags.DEFINE_string("judge_url", None, "The 'judge' metric from an OpenAI-compat
 flags.DEFINE_string("judge_name", "judge", "The model name sent to --judge_url.")
 flags.DEFINE_string("judge_api_key_env", "OPENAI_API_KEY", "Environment variable holding --judge_url's API key.")
 flags.DEFINE_string("output_dir", "results/demo", "Where results.jsonl and run.json go.")
-flags.DEFINE_integer("process_index", None, "This process's shard (default: jax.process_index()).")
-flags.DEFINE_integer("process_count", None, "Number of shards (default: jax.process_count()).")
-flags.DEFINE_enum("distributed", "auto", list(MODES),
-                  "Join jax.distributed: auto (when SLURM/TPU-slice/JAX_COORDINATOR_ADDRESS says so), on, off.")
 FLAGS = flags.FLAGS
 
 _GRADIENT_METHODS = ("atp", "search")
@@ -173,13 +164,7 @@ def main(argv):
     judge_url = _judge_from_url()
     out = _writable_folder(Path(FLAGS.output_dir))
     results = results_path(out, process_index, process_count)
-    try:
-        examples = select_examples(
-            FLAGS.dataset, FLAGS.split, FLAGS.data_dir, FLAGS.num_examples, FLAGS.filter_order_sensitive,
-            FLAGS.max_rows, FLAGS.max_cols, process_index, process_count,
-        )
-    except (OSError, ValueError) as e:
-        sys.exit(f"--dataset {FLAGS.dataset}: {e}")
+    examples = selection.examples(process_index, process_count)
 
     model = atp_jax.load_model(FLAGS.model)
     judge = judge_url

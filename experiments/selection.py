@@ -1,0 +1,43 @@
+"""The example-selection and sharding flags the experiment binaries share, and the selection they make.
+
+A binary calls ``define_flags(...)`` at import (with its own defaults) and ``examples(...)`` in main.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from absl import flags
+
+from atp_jax.distributed import MODES
+from atp_jax.eval.experiment import select_examples
+from atp_jax.tables.table import Example
+
+FLAGS = flags.FLAGS
+
+
+def define_flags(num_examples: int, max_rows: int = 12, max_cols: int = 8, sharding: bool = True) -> None:
+    """``--dataset --data_dir --split --num_examples --filter_order_sensitive --max_rows --max_cols``, and with
+    ``sharding`` ``--process_index --process_count --distributed``."""
+    flags.DEFINE_string("dataset", "sample", "sample | wtq | tatqa | fetaqa | path.jsonl")
+    flags.DEFINE_string("data_dir", None, "Folder with wtq/, tatqa/, fetaqa/ (default: $ATP_JAX_DATA).")
+    flags.DEFINE_string("split", "dev", "Dataset split.")
+    flags.DEFINE_integer("num_examples", num_examples, "Examples (after filtering), 0 for all.")
+    flags.DEFINE_bool("filter_order_sensitive", True, "Keep only questions that mention order (paper's rule).")
+    flags.DEFINE_integer("max_rows", max_rows, "Skip tables with more data rows.")
+    flags.DEFINE_integer("max_cols", max_cols, "Skip tables with more columns.")
+    if sharding:
+        flags.DEFINE_integer("process_index", None, "This process's shard (default: jax.process_index()).")
+        flags.DEFINE_integer("process_count", None, "Number of shards (default: jax.process_count()).")
+        flags.DEFINE_enum("distributed", "auto", list(MODES), "Join jax.distributed: auto (when SLURM/TPU-slice/"
+                          "JAX_COORDINATOR_ADDRESS says so), on, off.")
+
+
+def examples(process_index: int = 0, process_count: int = 1) -> list[Example]:
+    """This process's examples under the flags; a bad dataset or shard exits with one message."""
+    try:
+        return select_examples(FLAGS.dataset, FLAGS.split, FLAGS.data_dir, FLAGS.num_examples,
+                               FLAGS.filter_order_sensitive, FLAGS.max_rows, FLAGS.max_cols, process_index,
+                               process_count)
+    except (OSError, ValueError) as e:
+        sys.exit(f"--dataset {FLAGS.dataset}: {e}")
