@@ -164,3 +164,20 @@ def test_warm_search_shares_start_and_budget_with_its_controls(tiny, problem):
     assert [(r.forward_calls, r.backward_calls) for r in results] == [(19, 1)] * 3
     best_start = results[0].trace["steps"][0]["current"]  # loss of the best starting order
     assert all(r.loss >= best_start - 1e-4 for r in results)
+
+
+def test_presets_that_differ_only_in_values_share_one_compile(tiny, problem):
+    from atp_jax.attack.atp import _run_atp
+    from atp_jax.attack.config import preset
+
+    names = ["atp_joint", "atp_row", "atp_col", "atp_st_reversed", "atp_st_random"]
+    results = {}
+    attack(tiny, EXAMPLE, preset(names[0]), problem=problem)  # compiles (or finds) the shared program
+    before = _run_atp._cache_size()
+    for name in names:
+        results[name] = attack(tiny, EXAMPLE, preset(name, seed=7), problem=problem)
+    assert _run_atp._cache_size() == before
+    # The values still act: modes keep the other axis, controls change the path.
+    assert results["atp_row"].col_perm == tuple(range(EXAMPLE.table.n_cols))
+    assert results["atp_col"].row_perm == tuple(range(EXAMPLE.table.n_rows))
+    assert results["atp_st_reversed"].trace["objective"] != results["atp_joint"].trace["objective"]

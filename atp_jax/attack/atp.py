@@ -23,79 +23,99 @@ from atp_jax.attack.sinkhorn import SinkhornConfig, entropy, pin_header, sinkhor
 from atp_jax.models.modeling import Transformer
 
 
-def _init_theta(key, k: int, cfg: ATPConfig):
+_INITS = {"uniform": 0, "identity": 1, "random_perm": 2}
+_DIRECTIONS = {"gradient": 0, "reversed": 1, "random": 2}
+
+
+def _settings(cfg: ATPConfig) -> dict:
+    """The config fields that enter the computation as *values*, not as its structure: presets that differ
+    only in these (mode, λ, lr, init, straight-through, direction, temperature) share one compile."""
+    f32 = functools.partial(jnp.asarray, dtype=jnp.float32)
+    return {
+        "rows_on": f32(cfg.mode in ("row", "joint")), "cols_on": f32(cfg.mode in ("col", "joint")),
+        "lambda_row": f32(cfg.lambda_row), "lambda_col": f32(cfg.lambda_col),
+        "anneal": f32(cfg.lambda_schedule == "anneal"), "lr": f32(cfg.lr), "init": jnp.int32(_INITS[cfg.init]),
+        "init_scale": f32(cfg.init_scale), "init_noise": f32(cfg.init_noise), "temperature": f32(cfg.temperature),
+        "straight_through": f32(cfg.straight_through), "direction": jnp.int32(_DIRECTIONS[cfg.direction]),
+    }
+
+
+def _init_theta(key, k: int, s: dict):
     noise_key, perm_key = jax.random.split(key)
-    noise = cfg.init_noise * jax.random.normal(noise_key, (k, k))
-    if cfg.init == "uniform":
-        return noise
-    start = jnp.arange(k) if cfg.init == "identity" else jax.random.permutation(perm_key, k)
-    return cfg.init_scale * perm_to_matrix(start) + noise
+    noise = s["init_noise"] * jax.random.normal(noise_key, (k, k))
+    start = jnp.where(s["init"] == _INITS["identity"], jnp.arange(k), jax.random.permutation(perm_key, k))
+    near_order = s["init_scale"] * perm_to_matrix(start) + noise
+    return jnp.where(s["init"] == _INITS["uniform"], noise, near_order)
 
 
-def _steer(grads, direction: str, key):
-    """The gradient itself, or a control: reversed, or a random direction of the same norm per matrix."""
-    if direction == "gradient":
-        return grads
-    if direction == "reversed":
-        return jax.tree.map(jnp.negative, grads)
+def _steer(grads, direction, key):
+    """The gradient itself (0), or a control: reversed (1), or a random direction of the same norm per matrix (2)."""
     leaves, treedef = jax.tree.flatten(grads)
     keys = jax.random.split(key, len(leaves))
-    noise = [jax.random.normal(k, g.shape) for k, g in zip(keys, leaves)]
-    scaled = [z * jnp.linalg.norm(g) / (jnp.linalg.norm(z) + 1e-12) for z, g in zip(noise, leaves)]
-    return jax.tree.unflatten(treedef, scaled)
+    steered = []
+    for k, g in zip(keys, leaves):
+        z = jax.random.normal(k, g.shape)
+        random = z * jnp.linalg.norm(g) / (jnp.linalg.norm(z) + 1e-12)
+        steered.append(jnp.select([direction == 1, direction == 2], [-g, random], g))
+    return jax.tree.unflatten(treedef, steered)
 
 
-def _relax(theta, enabled: bool, cfg: ATPConfig):
-    """(soft D, hard perm) of one dimension, or the identity when the mode leaves it alone."""
+def _relax(theta, enabled, s: dict, sinkhorn_iters: int, hungarian: str):
+    """(soft D, hard perm) of one dimension, or the identity when the mode leaves it alone (``enabled`` 0)."""
     k = theta.shape[-1]
-    if not enabled:
-        return jnp.eye(k), jnp.arange(k)
-    D = sinkhorn(theta, SinkhornConfig(cfg.sinkhorn_iters, cfg.temperature))
-    return D, project(D, cfg.hungarian)
+    D = sinkhorn(theta / s["temperature"], SinkhornConfig(sinkhorn_iters))
+    perm = project(D, hungarian)
+    return jnp.where(enabled > 0, D, jnp.eye(k)), jnp.where(enabled > 0, perm, jnp.arange(k))
 
 
-@functools.partial(jax.jit, static_argnames=("cfg",))
 def run_atp(model: Transformer, t: ProblemTensors, keys, cfg: ATPConfig):
     """All restarts of one ATP run. ``keys`` ``[R, 2]``.
 
     Returns (trace, final_row_perms ``[R, n]``, final_col_perms ``[R, m]``); trace fields are
     ``[R, n_attack, ...]``: objective, loss (CE/KL of the forward actually run), entropies, and the hard
-    orders used at each step.
+    orders used at each step. One compile per table, step count, Sinkhorn sweeps, objective and
+    Hungarian backend; every other setting is a value (see ``_settings``).
     """
-    n, m = t.cell_embeds.shape[0] - 1, t.cell_embeds.shape[1]
-    rows_on, cols_on = cfg.mode in ("row", "joint"), cfg.mode in ("col", "joint")
-    optimizer = optax.adam(cfg.lr)
+    return _run_atp(model, t, keys, _settings(cfg), n_attack=cfg.n_attack, sinkhorn_iters=cfg.sinkhorn_iters,
+                    objective=cfg.objective, hungarian=cfg.hungarian)
 
-    def objective(params, step):
-        D_r, row_perm = _relax(params["row"], rows_on, cfg)
-        D_c, col_perm = _relax(params["col"], cols_on, cfg)
-        used_r, used_c = D_r, D_c
-        if cfg.straight_through:  # hard forward, soft backward
-            used_r = D_r + jax.lax.stop_gradient(perm_to_matrix(row_perm) - D_r)
-            used_c = D_c + jax.lax.stop_gradient(perm_to_matrix(col_perm) - D_c)
+
+@functools.partial(jax.jit, static_argnames=("n_attack", "sinkhorn_iters", "objective", "hungarian"))
+def _run_atp(model: Transformer, t: ProblemTensors, keys, s: dict, *, n_attack: int, sinkhorn_iters: int,
+             objective: str, hungarian: str):
+    n, m = t.cell_embeds.shape[0] - 1, t.cell_embeds.shape[1]
+    optimizer = optax.adam(s["lr"])
+    relax = functools.partial(_relax, s=s, sinkhorn_iters=sinkhorn_iters, hungarian=hungarian)
+
+    def objective_fn(params, step):
+        D_r, row_perm = relax(params["row"], s["rows_on"])
+        D_c, col_perm = relax(params["col"], s["cols_on"])
+        # Straight-through: the forward uses the hard orders, the gradient flows through the soft D.
+        used_r = D_r + s["straight_through"] * jax.lax.stop_gradient(perm_to_matrix(row_perm) - D_r)
+        used_c = D_c + s["straight_through"] * jax.lax.stop_gradient(perm_to_matrix(col_perm) - D_c)
         body = soft_body(t, pin_header(used_r), used_c, row_perm, col_perm)
-        loss = objective_value(t, answer_logits(model, t, body[None]), cfg.objective)[0]
+        loss = objective_value(t, answer_logits(model, t, body[None]), objective)[0]
         h_r, h_c = entropy(D_r), entropy(D_c)
-        weight = 1.0 if cfg.lambda_schedule == "constant" else step / max(cfg.n_attack - 1, 1)
-        value = loss - weight * (cfg.lambda_row * h_r * rows_on + cfg.lambda_col * h_c * cols_on)
+        weight = jnp.where(s["anneal"] > 0, step / max(n_attack - 1, 1), 1.0)
+        value = loss - weight * (s["lambda_row"] * h_r * s["rows_on"] + s["lambda_col"] * h_c * s["cols_on"])
         aux = {"loss": loss, "entropy_row": h_r, "entropy_col": h_c, "row_perm": row_perm, "col_perm": col_perm}
         return value, aux
 
     def one_restart(key):
         row_key, col_key = jax.random.split(key)
-        params = {"row": _init_theta(row_key, n, cfg), "col": _init_theta(col_key, m, cfg)}
+        params = {"row": _init_theta(row_key, n, s), "col": _init_theta(col_key, m, s)}
 
         def step(carry, i):
             params, opt_state = carry
-            (value, aux), grads = jax.value_and_grad(objective, has_aux=True)(params, i)
-            grads = _steer(grads, cfg.direction, jax.random.fold_in(key, i))
+            (value, aux), grads = jax.value_and_grad(objective_fn, has_aux=True)(params, i)
+            grads = _steer(grads, s["direction"], jax.random.fold_in(key, i))
             ascent = jax.tree.map(jnp.negative, grads)  # optax minimises; we maximise the objective
             updates, opt_state = optimizer.update(ascent, opt_state, params)
             return (optax.apply_updates(params, updates), opt_state), {**aux, "objective": value}
 
-        (params, _), trace = jax.lax.scan(step, (params, optimizer.init(params)), jnp.arange(cfg.n_attack))
-        _, final_r = _relax(params["row"], rows_on, cfg)
-        _, final_c = _relax(params["col"], cols_on, cfg)
+        (params, _), trace = jax.lax.scan(step, (params, optimizer.init(params)), jnp.arange(n_attack))
+        _, final_r = relax(params["row"], s["rows_on"])
+        _, final_c = relax(params["col"], s["cols_on"])
         return trace, final_r, final_c
 
     return jax.vmap(one_restart)(keys)
