@@ -37,7 +37,8 @@ from atp_jax.tables.linearize import STYLES
 from atp_jax.tables.prompt import PromptStyle
 
 flags.DEFINE_string("model", DEFAULT_MODEL, "Zoo name, HF model directory or .gguf file.")
-selection.define_flags(num_examples=3)
+# With no flags this is the demo (README): the paper's table on two small sample tables, ≤ 10 min on 2 CPU cores.
+selection.define_flags(num_examples=2, max_rows=8, max_cols=5)
 flags.DEFINE_enum("style", "markdown", list(STYLES), "Table linearization.")
 flags.DEFINE_list("attacks", ["paper_table"], f"Comma list of: {', '.join(PRESETS)}; or a group: "
                   + "; ".join(f"{k} = {', '.join(v)}" for k, v in ATTACK_GROUPS.items() if k != "all")

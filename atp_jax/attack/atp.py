@@ -22,7 +22,6 @@ from atp_jax.attack.result import AttackResult, Evaluator
 from atp_jax.attack.sinkhorn import SinkhornConfig, entropy, pin_header, sinkhorn
 from atp_jax.models.modeling import Transformer
 
-
 _INITS = {"uniform": 0, "identity": 1, "random_perm": 2}
 _DIRECTIONS = {"gradient": 0, "reversed": 1, "random": 2}
 
