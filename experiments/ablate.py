@@ -1,4 +1,4 @@
-"""λ and N_attack sweeps of one ATP preset (the paper's Table 5 and Figure 6).
+"""λ and N_attack sweeps of one ATP preset (the paper's Table 5 and Figure 6), and a learning-rate sweep.
 
   python experiments/ablate.py --model smollm2-135m-instruct --attack paper --num_examples 12 \
       --output_dir results/ablation
@@ -32,15 +32,16 @@ from atp_jax.eval.report import markdown_table, merge_records, plot_sweeps, resu
 from atp_jax.tables.linearize import STYLES
 from atp_jax.tables.prompt import PromptStyle
 
-SWEEPS = ("lambda", "n_attack")
+SWEEPS = ("lambda", "n_attack", "lr")
 
 flags.DEFINE_string("model", "smollm2-135m-instruct", "Zoo name, HF model directory or .gguf file.")
 selection.define_flags(num_examples=12)
 flags.DEFINE_enum("style", "markdown", list(STYLES), "Table linearization.")
 flags.DEFINE_string("attack", "paper", "The preset swept (an ATP preset; N_attack also takes a search preset).")
-flags.DEFINE_list("sweeps", ",".join(SWEEPS), f"Which sweeps to run: {', '.join(SWEEPS)}.")
+flags.DEFINE_list("sweeps", "lambda,n_attack", f"Which sweeps to run: {', '.join(SWEEPS)}.")
 flags.DEFINE_list("lambdas", "0,1,5,10,20", "λ values (λ_r = λ_c).")
 flags.DEFINE_list("n_attacks", "5,10,20,40", "N_attack values.")
+flags.DEFINE_list("lrs", "0.03,0.1,0.3,1,3", "Adam learning rates (the lr sweep; ATP presets only).")
 flags.DEFINE_integer("seed", 0, "Seed of every attack.")
 flags.DEFINE_integer("max_new_tokens", 32, "Generation budget for the answer under the chosen order.")
 flags.DEFINE_bool("generate", True, "Generate and score the model's answer under each chosen order.")
@@ -78,6 +79,11 @@ def _sweep_configs() -> dict[str, dict]:
                      f"preset ({atp_presets}, search, …)")
         sweeps["n_attack"] = {sweep_name(name, "n_attack", v): preset(name, seed=FLAGS.seed, n_attack=v)
                               for v in _values("n_attacks", int)}
+    if "lr" in FLAGS.sweeps:
+        if method != "atp":
+            sys.exit(f"--attack={name} is a {method!r} preset without a learning rate; sweep lr on an ATP preset "
+                     f"({atp_presets})")
+        sweeps["lr"] = {sweep_name(name, "lr", v): preset(name, seed=FLAGS.seed, lr=v) for v in _values("lrs", float)}
     return sweeps
 
 
