@@ -19,9 +19,12 @@ from pathlib import Path
 from absl import app, flags
 
 from atp_jax.eval.report import (
+    LOSS_METRIC,
+    comparison_markdown,
     defense_metrics,
     defense_table,
     load_run,
+    paired_comparisons,
     plot_scores,
     score_csv,
     score_markdown,
@@ -36,6 +39,8 @@ _PAIRED = flags.DEFINE_bool("paired", False, "Average each model's row only over
                             "every attack (a fair comparison inside a partial run).")
 _RESAMPLES = flags.DEFINE_integer("resamples", 2000, "Bootstrap resamples.")
 _SEED = flags.DEFINE_integer("seed", 0, "Bootstrap seed.")
+_COMPARE = flags.DEFINE_bool("compare", False, "Also print paired comparisons of each gradient method with its "
+                              "reversed/random-direction controls and with best-of-20 (per-example differences).")
 _OUTPUT = flags.DEFINE_string("output", None, "Prefix of the .md, .csv and .png files to write (none: print only).")
 flags.mark_flag_as_required("results")
 
@@ -53,6 +58,13 @@ def main(argv):
             metric = _METRIC.value if _METRIC.value in defense_metrics(defended) else None
             sections.append(f"### {run.dataset}: {run.model}, permutation smoothing ({run.folder})\n\n"
                             + defense_table(defended, metric))
+    if _COMPARE.value:
+        metric = _METRIC.value or LOSS_METRIC
+        for run in runs:
+            rows = paired_comparisons(run.records, metric=metric, resamples=_RESAMPLES.value, seed=_SEED.value)
+            if rows:
+                sections.append(f"### {run.dataset}: {run.model}, paired comparisons ({run.folder})\n\n"
+                                + comparison_markdown(rows, metric))
     markdown = "\n\n".join(sections)
     print(markdown)
     if _OUTPUT.value:

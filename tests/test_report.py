@@ -277,3 +277,16 @@ def test_sweep_rows_sorted_by_value(tmp_path):
     assert [r["lambda"] for r in sweep_rows(records, "lambda")] == [1.0]
     plot_sweeps({"n_attack": rows, "lambda": sweep_rows(records, "lambda")}, tmp_path / "sweep.png")
     assert (tmp_path / "sweep.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_paired_comparisons_by_hand():
+    from atp_jax.eval.report import comparison_markdown, paired_comparisons
+
+    records = [rec("e1", "search_warm", 3.0), rec("e1", "search_warm_reversed", 2.0),
+               rec("e2", "search_warm", 1.0), rec("e2", "search_warm_reversed", 1.5),
+               rec("e3", "search_warm", 2.0),  # no control on e3: left out of the pair
+               {"id": "e4", "attack": "search_warm", "skipped": "too big"}]
+    (row,) = paired_comparisons(records, pairs=[("search_warm", "search_warm_reversed"), ("atp_st", "best_of_k")])
+    assert row["examples"] == 2 and row["mean_difference"] == pytest.approx(0.25) and row["higher"] == "1/2"
+    assert row["ci_low"] == pytest.approx(-0.5) and row["ci_high"] == pytest.approx(1.0)
+    assert "| search_warm | search_warm_reversed | 2 | +0.250 [-0.500, +1.000] | 1/2 |" in comparison_markdown([row])

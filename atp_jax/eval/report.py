@@ -186,6 +186,47 @@ def bootstrap_ci(values, level: float = 0.95, resamples: int = 2000, seed: int =
     return float(low), float(high)
 
 
+# Each gradient method against its controls and against best-of-20: the comparisons that say whether the
+# gradient helps (``report.py --compare``).
+CONTROL_PAIRS = (
+    ("search_warm", "search_warm_reversed"), ("search_warm", "search_warm_random"), ("search_warm", "best_of_k"),
+    ("atp_st", "atp_st_reversed"), ("atp_st", "atp_st_random"), ("atp_st", "best_of_k"),
+    ("search", "search_reversed"), ("search", "search_random"), ("search", "best_of_k"),
+    ("paper", "best_of_k"), ("evolution", "best_of_k"),
+)
+
+
+def paired_comparisons(
+    records: Iterable[dict], pairs=CONTROL_PAIRS, metric: str = LOSS_METRIC, resamples: int = 2000, seed: int = 0
+) -> list[dict]:
+    """For each ``(attack, other)`` recorded on common examples: the mean per-example difference of
+    ``metric`` (attack − other) with its 95% bootstrap interval, and on how many examples it is higher.
+    The paired difference is the right test for a control: examples vary far more than attacks do."""
+    values: dict[str, dict[str, float]] = defaultdict(dict)
+    for r in records:
+        if (v := metric_value(r, metric)) is not None:
+            values[r["attack"]][r["id"]] = v
+    rows = []
+    for attack, other in pairs:
+        common = sorted(set(values.get(attack, {})) & set(values.get(other, {})))
+        if not common:
+            continue
+        diff = np.array([values[attack][i] - values[other][i] for i in common])
+        low, high = bootstrap_ci(diff, resamples=resamples, seed=seed)
+        rows.append({"attack": attack, "against": other, "examples": len(common), "mean_difference": float(diff.mean()),
+                     "ci_low": low, "ci_high": high, "higher": f"{int((diff > 0).sum())}/{len(common)}"})
+    return rows
+
+
+def comparison_markdown(rows: list[dict], metric: str = LOSS_METRIC) -> str:
+    """Paired comparisons as markdown: attack, against, n, mean difference [95% CI], higher on."""
+    lines = [f"| attack | against | examples | mean {metric} difference [95% CI] | higher on |",
+             "|---|---|---|---|---|"]
+    lines += [f"| {r['attack']} | {r['against']} | {r['examples']} | {r['mean_difference']:+.3f} "
+              f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}] | {r['higher']} |" for r in rows]
+    return "\n".join(lines)
+
+
 @dataclasses.dataclass(frozen=True)
 class Cell:
     """Mean of a metric over the examples of one (model, attack), with its bootstrap interval."""
