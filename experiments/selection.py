@@ -23,7 +23,9 @@ def define_flags(num_examples: int, max_rows: int = 12, max_cols: int = 8, shard
     flags.DEFINE_string("data_dir", None, "Folder with wtq/, tatqa/, fetaqa/ (default: $ATP_JAX_DATA).")
     flags.DEFINE_string("split", "dev", "Dataset split.")
     flags.DEFINE_integer("num_examples", num_examples, "Examples (after filtering), 0 for all.")
-    flags.DEFINE_bool("filter_order_sensitive", True, "Keep only questions that mention order (paper's rule).")
+    flags.DEFINE_bool("filter_order_sensitive", True, "Drop questions whose answer depends on the table's order "
+                      "(keyword rule: first/last/top/next/previous/above/below/before/after): a permutation must not "
+                      "change the correct answer.")
     flags.DEFINE_integer("max_rows", max_rows, "Skip tables with more data rows.")
     flags.DEFINE_integer("max_cols", max_cols, "Skip tables with more columns.")
     if sharding:

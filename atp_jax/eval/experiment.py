@@ -33,7 +33,7 @@ def select_examples(
     split: str = "dev",
     data_dir: str | os.PathLike | None = None,
     num_examples: int = 0,
-    order_sensitive_only: bool = True,
+    drop_order_sensitive: bool = True,
     max_rows: int | None = None,
     max_cols: int | None = None,
     process_index: int = 0,
@@ -41,10 +41,12 @@ def select_examples(
 ) -> list[Example]:
     """The examples one process attacks.
 
-    Loads ``dataset``, keeps order-sensitive questions (the paper's rule; ``order_sensitive_only=False``
-    keeps all) with tables of at most ``max_rows`` x ``max_cols``, takes the first ``num_examples``
-    (0: all), then every ``process_count``-th from ``process_index``: shards are disjoint and together
-    cover the selection, whatever the number of processes.
+    Loads ``dataset``; drops the questions whose correct answer depends on the table's order ("who is
+    listed last?": the paper's keyword rule, ``datasets.is_order_sensitive``; ``drop_order_sensitive=False``
+    keeps them), because a permutation must not change the right answer — else an "attack" that changes
+    the model's answer is simply correct; keeps tables of at most ``max_rows`` x ``max_cols``; takes the
+    first ``num_examples`` (0: all), then every ``process_count``-th from ``process_index``: shards are
+    disjoint and together cover the selection, whatever the number of processes.
     """
     if process_count < 1 or not 0 <= process_index < process_count:
         raise ValueError(f"process_index={process_index} must be in [0, process_count={process_count}); "
@@ -53,7 +55,7 @@ def select_examples(
         raise ValueError(f"num_examples={num_examples}: pass 0 for all examples or a positive count")
     examples = filter_examples(
         load_dataset(dataset, split, data_dir),
-        order_sensitive=True if order_sensitive_only else None, max_rows=max_rows, max_cols=max_cols,
+        order_sensitive=False if drop_order_sensitive else None, max_rows=max_rows, max_cols=max_cols,
     )
     if num_examples:
         examples = examples[:num_examples]
@@ -103,9 +105,10 @@ def run_one(
     The record: ``id``, ``attack``, ``row_perm``, ``col_perm``, ``prediction`` (the model's answer under
     the chosen order, None without ``generate``), ``scores`` (``scorer``'s metrics of that answer, by
     default the dataset's own; {} without ``generate``), ``answer_loss`` / ``clean_loss``
-    (reference-answer loss under the chosen / original order, on re-rendered text), ``queries`` / ``backward_calls`` (sequences forwarded /
-    backpropagated), ``seconds`` (the attack), ``generate_seconds`` and ``trace``. An example the attack
-    cannot take gives ``{"id", "attack", "skipped": reason}``.
+    (reference-answer loss under the chosen / original order, on re-rendered text), ``queries`` /
+    ``backward_calls`` (sequences forwarded / backpropagated), ``seconds`` (the attack),
+    ``generate_seconds`` and ``trace``. An example the attack cannot take gives
+    ``{"id", "attack", "skipped": reason}``.
 
     ``problems`` caches the example's precomputation by objective across calls; pass the same dict for
     every attack of one example (and a fresh one for the next example).
