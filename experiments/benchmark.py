@@ -21,7 +21,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import app, flags
+from absl import app, flags, logging
 
 import atp_jax
 from atp_jax.models.architectures import parameter_counts
@@ -369,8 +369,10 @@ def main(argv):
         start = time.perf_counter()
         first[name] = run()
         first_call_s[name] = time.perf_counter() - start
+        logging.info("first call of %s: %.2f s", name, first_call_s[name])
     times = {name: [] for name in variants}
-    for _ in range(_REPEATS.value):
+    for repeat in range(_REPEATS.value):
+        logging.info("timed round %d of %d", repeat + 1, _REPEATS.value)
         for name, run in variants.items():
             start = time.perf_counter()
             run()

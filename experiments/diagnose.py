@@ -35,6 +35,7 @@ from atp_jax.eval.qa import answer_losses
 from atp_jax.eval.records import append_record, read_records
 from atp_jax.eval.report import load_run
 from atp_jax.models.loading import DEFAULT_MODEL
+from atp_jax.tables.layout import build_layout
 from atp_jax.tables.prompt import PromptStyle
 
 flags.DEFINE_string("model", DEFAULT_MODEL, "Zoo name, HF model directory or .gguf file.")
@@ -89,7 +90,9 @@ def main(argv):
                 continue
             row_perm, col_perm, source = result.row_perm, result.col_perm, "run here"
         try:
-            clean, permuted = diagnose(model, example, style=style), diagnose(model, example, row_perm, col_perm, style)
+            layout = build_layout(model.tokenizer, example, style=style)
+            clean = diagnose(model, example, style=style, layout=layout)
+            permuted = diagnose(model, example, row_perm, col_perm, style, layout)
         except ValueError as e:
             append_record(pairs_path, {"id": example.id, "skipped": str(e)})
             continue

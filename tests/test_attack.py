@@ -17,10 +17,6 @@ from atp_jax.attack.run import attack
 from atp_jax.attack.search import predicted_swap_gains, swap_rank_correlation
 from atp_jax.attack.sinkhorn import pin_header
 from atp_jax.eval.qa import answer_loss
-from atp_jax.models import gguf, zoo
-from atp_jax.models.config import ModelConfig
-from atp_jax.models.loading import LoadedModel
-from atp_jax.models.modeling import random_model
 from atp_jax.tables.table import Example, Table
 
 EXAMPLE = Example(
@@ -33,13 +29,10 @@ EXAMPLE = Example(
 
 
 @pytest.fixture(scope="module")
-def tiny():
-    tokenizer = gguf.load_gguf_tokenizer(zoo.resolve("smollm2-135m-instruct"))
-    config = ModelConfig(architecture="llama", vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
-                         num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, tie_word_embeddings=True)
-    model = random_model(config, seed=0)
-    model.embed_tokens[...] = 20.0 * model.embed_tokens[...]  # sharper, order-sensitive logits
-    return LoadedModel("tiny", config, model, tokenizer, "random", 0.0)
+def tiny(tiny_llama):
+    loaded = tiny_llama()
+    loaded.model.embed_tokens[...] = 20.0 * loaded.model.embed_tokens[...]  # sharper, order-sensitive logits
+    return loaded
 
 
 @pytest.fixture(scope="module")

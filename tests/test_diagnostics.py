@@ -21,10 +21,6 @@ from atp_jax.diagnostics.attention import (
     token_map,
 )
 from atp_jax.diagnostics.summary import plot_heatmaps, plot_layers, summarize_pairs, summary_markdown
-from atp_jax.models import gguf, zoo
-from atp_jax.models.config import ModelConfig
-from atp_jax.models.loading import LoadedModel
-from atp_jax.models.modeling import random_model
 from atp_jax.tables.layout import build_layout
 from atp_jax.tables.table import Example, Table
 
@@ -40,8 +36,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    return gguf.load_gguf_tokenizer(zoo.resolve("smollm2-135m-instruct"))
+def tokenizer(smollm2_tokenizer):
+    return smollm2_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -143,10 +139,8 @@ def test_evidence_cells_from_answers_and_from_fetaqa_highlights():
     assert evidence_cells(merged) == [(0, 0), (2, 1)]
 
 
-def test_diagnose_on_a_tiny_model_gives_normalised_masses(tokenizer):
-    config = ModelConfig(architecture="llama", vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
-                         num_layers=3, num_heads=4, num_kv_heads=2, head_dim=16, tie_word_embeddings=True)
-    loaded = LoadedModel("tiny", config, random_model(config, seed=0), tokenizer, "random", 0.0)
+def test_diagnose_on_a_tiny_model_gives_normalised_masses(tiny_llama):
+    loaded = tiny_llama(num_layers=3)
     clean = diagnose(loaded, EXAMPLE)
     permuted = diagnose(loaded, EXAMPLE, ROW_PERM, COL_PERM)
     for d in (clean, permuted):

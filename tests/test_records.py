@@ -10,10 +10,6 @@ from atp_jax.eval import records as records_module
 from atp_jax.eval.experiment import manifest_path, replay, results_path, run_one
 from atp_jax.eval.qa import answer_losses
 from atp_jax.eval.records import append_record, done_keys, read_records
-from atp_jax.models import gguf, zoo
-from atp_jax.models.config import ModelConfig
-from atp_jax.models.loading import LoadedModel
-from atp_jax.models.modeling import random_model
 from atp_jax.tables.prompt import PromptStyle
 from atp_jax.tables.table import Example, Table
 
@@ -105,11 +101,8 @@ SCHEMA = {"id", "attack", "row_perm", "col_perm", "prediction", "scores", "answe
 
 
 @pytest.fixture(scope="module")
-def tiny():
-    tokenizer = gguf.load_gguf_tokenizer(zoo.resolve("smollm2-135m-instruct"))
-    config = ModelConfig(architecture="llama", vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
-                         num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, tie_word_embeddings=True)
-    return LoadedModel("tiny", config, random_model(config, seed=0), tokenizer, "random", 0.0)
+def tiny(tiny_llama):
+    return tiny_llama()
 
 
 def test_run_one_record_and_its_replay_match_the_rerendered_loss(tiny, tmp_path):

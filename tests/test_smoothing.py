@@ -26,10 +26,6 @@ from atp_jax.eval.smoothing import (
     smoothing_tables,
     vote,
 )
-from atp_jax.models import gguf, zoo
-from atp_jax.models.config import ModelConfig
-from atp_jax.models.loading import LoadedModel
-from atp_jax.models.modeling import random_model
 from atp_jax.tables.prompt import PromptStyle
 from atp_jax.tables.table import Example, Table
 
@@ -205,21 +201,9 @@ def test_the_arrival_order_moves_the_weaker_variants(first_row_answerer):
 
 
 @pytest.fixture(scope="module")
-def tiny():
-    tokenizer = gguf.load_gguf_tokenizer(zoo.resolve("smollm2-135m-instruct"))
+def tiny(tiny_llama):
     # Untied embeddings: this random model writes a few words (a tied one only writes newlines).
-    config = ModelConfig(
-        architecture="llama",
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=16,
-        tie_word_embeddings=False,
-    )
-    return LoadedModel("tiny", config, random_model(config, seed=0), tokenizer, "random", 0.0)
+    return tiny_llama(tie_word_embeddings=False)
 
 
 STYLE = PromptStyle()
@@ -400,7 +384,7 @@ def test_defense_table_markdown():
     assert "| paper | 1 | 0.000 | 0.000 | 1.000 | 1.000 | 0.400 |" in text
     assert defense_table(RECORDS[3:]) == "(no defended records)"
     assert defense_metric(RECORDS) == "accuracy"
-    with pytest.raises(ValueError, match="'f1' is not recorded under 'defended'"):
+    with pytest.raises(ValueError, match="'f1' is not recorded in the defended answers"):
         defense_table(RECORDS, "f1")
 
 

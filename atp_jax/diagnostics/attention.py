@@ -198,17 +198,21 @@ class Diagnosis:
 
 
 def diagnose(
-    loaded: LoadedModel, example: Example, row_perm=None, col_perm=None, style: PromptStyle = PromptStyle()
+    loaded: LoadedModel, example: Example, row_perm=None, col_perm=None, style: PromptStyle = PromptStyle(),
+    layout: Layout | None = None,
 ) -> Diagnosis:
     """Runs the model on ``example`` with its table in the given order and measures its attention.
 
     The sequence is the prompt plus the reference answer (teacher forcing), so a clean and a permuted
     prompt are read at the same answer tokens. Needs a layout whose per-cell tokens are exactly the
     re-tokenized text (markdown; see ``Layout.exact``), else the cell assignment would be guesswork.
+    ``layout``: ``build_layout(loaded.tokenizer, example, style=style)``, passed in to share it between the
+    orders of one example.
     """
     if not example.answers:
         raise ValueError(f"example {example.id!r} has no reference answer: attention is read at its tokens")
-    layout = build_layout(loaded.tokenizer, example, style=style)
+    if layout is None:
+        layout = build_layout(loaded.tokenizer, example, style=style)
     n, m = layout.n_rows, layout.n_cols
     rp = tuple(range(n)) if row_perm is None else tuple(int(x) for x in row_perm)
     cp = tuple(range(m)) if col_perm is None else tuple(int(x) for x in col_perm)

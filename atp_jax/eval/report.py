@@ -158,18 +158,25 @@ def available_metrics(records: Iterable[dict]) -> list[str]:
     return scores + loss
 
 
-def choose_metric(records: Iterable[dict], requested: str | None = None, where: str = "the records") -> str:
-    """``requested`` when recorded; by default the first of ``SCORE_METRICS`` recorded, else ``answer_loss``."""
-    available = available_metrics(records)
+def _pick_metric(available: list[str], requested: str | None, where: str, hint: str, preference) -> str:
+    """``requested`` if it is in ``available`` (else an error naming ``where`` and ``hint``); by default the
+    first of ``preference`` that is available."""
     if requested is not None:
         if requested not in available:
             raise ValueError(f"metric {requested!r} is not recorded in {where}; available: "
-                             f"{', '.join(available) or 'none'} (runs with --nogenerate have no scores)")
+                             f"{', '.join(available) or 'none'} ({hint})")
         return requested
-    for metric in (*SCORE_METRICS, LOSS_METRIC):
-        if metric in available:
-            return metric
-    raise ValueError(f"no metric recorded in {where}: every record was skipped")
+    chosen = next((metric for metric in preference if metric in available), None)
+    if chosen is None:
+        raise ValueError(f"no metric recorded in {where} ({hint})")
+    return chosen
+
+
+def choose_metric(records: Iterable[dict], requested: str | None = None, where: str = "the records") -> str:
+    """``requested`` when recorded; by default the first of ``SCORE_METRICS`` recorded, else ``answer_loss``."""
+    available = available_metrics(records)
+    hint = "runs with --nogenerate have no scores" if available else "every record was skipped"
+    return _pick_metric(available, requested, where, hint, (*SCORE_METRICS, LOSS_METRIC))
 
 
 def bootstrap_ci(values, level: float = 0.95, resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
@@ -482,15 +489,8 @@ def defense_metric(records: Iterable[dict], requested: str | None = None) -> str
     """``requested`` when recorded under ``defended``; by default the first of ``SCORE_METRICS`` recorded
     there, else the first recorded."""
     available = defense_metrics(records)
-    if requested is not None:
-        if requested not in available:
-            raise ValueError(f"metric {requested!r} is not recorded under 'defended'; available: "
-                             f"{', '.join(available) or 'none'} (run_attack.py --smoothing_k records them)")
-        return requested
-    for metric in (*SCORE_METRICS, *available):
-        if metric in available:
-            return metric
-    raise ValueError("no defended answer carries a score; run run_attack.py with --smoothing_k and --generate")
+    return _pick_metric(available, requested, "the defended answers",
+                        "run_attack.py --smoothing_k with --generate records them", (*SCORE_METRICS, *available))
 
 
 def defense_rows(records: Iterable[dict], metric: str | None = None) -> list[dict]:

@@ -1,0 +1,29 @@
+"""Fixtures shared by the test modules: the real SmolLM2 tokenizer and tiny random decoders over it."""
+
+import functools
+
+import pytest
+
+from atp_jax.models import gguf, zoo
+from atp_jax.models.config import ModelConfig
+from atp_jax.models.loading import LoadedModel
+from atp_jax.models.modeling import random_model
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer():
+    """SmolLM2's real tokenizer (from the zoo's GGUF): prompts tokenize exactly as with the real model."""
+    return gguf.load_gguf_tokenizer(zoo.resolve("smollm2-135m-instruct"))
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(smollm2_tokenizer):
+    """Builds a random 64-wide Llama over SmolLM2's vocabulary: fast, and exact checks need no real weights."""
+    return functools.partial(_tiny_llama, smollm2_tokenizer)
+
+
+def _tiny_llama(tokenizer, *, num_layers: int = 2, tie_word_embeddings: bool = True, seed: int = 0) -> LoadedModel:
+    config = ModelConfig(architecture="llama", vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
+                         num_layers=num_layers, num_heads=4, num_kv_heads=2, head_dim=16,
+                         tie_word_embeddings=tie_word_embeddings)
+    return LoadedModel("tiny", config, random_model(config, seed=seed), tokenizer, "random", 0.0)
