@@ -197,17 +197,19 @@ def _torch_model(loaded, device, dtype):
     return model
 
 
-def _torch_variants(loaded, ids, targets, selected):
+def _torch_variants(loaded, ids, targets, selected, model=None):
     """The fwd_bwd of ``_jax_variants`` in transformers' PyTorch model on the same weights and prompt:
     eager, and under ``torch.compile`` (whose first call compiles the forward and the backward).
 
-    On a CUDA machine with a CUDA build of torch the model runs on the GPU, else on the CPU.
+    On a CUDA machine with a CUDA build of torch the model runs on the GPU, else on the CPU. Returns the
+    runs, a description of the device, and the torch model (pass it back in to reuse its weights).
     """
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[_DTYPE.value]
-    model = _torch_model(loaded, device, dtype)
+    if model is None:
+        model = _torch_model(loaded, device, dtype)
     S, P = ids.shape[1], targets.shape[1]
     ids_t = torch.as_tensor(np.array(ids), device=device)
     targets_t = torch.as_tensor(np.array(targets[0]), device=device, dtype=torch.long)
@@ -229,12 +231,16 @@ def _torch_variants(loaded, ids, targets, selected):
     if "torch_compile_fwd_bwd" in selected:
         compiled = torch.compile(model)  # compiles lazily, on its first call
         runs["torch_compile_fwd_bwd"] = lambda: fwd_bwd(compiled)
-    return runs, f"{device}, attention {model.config._attn_implementation}"
+    return runs, f"{device}, attention {model.config._attn_implementation}", model
 
 
 def _attack_step_variants(loaded, example):
     """ATP runs of 1 and 5 steps (R = 1 and 4, host and device Hungarian) and the plain whole-prompt
-    forward+backward of the same unpermuted prompt, the yardstick of one step."""
+    forward+backward of the same unpermuted prompt, the yardstick of one step.
+
+    Also returns that prompt's ids ``[1, S]`` and answer ids ``[1, A]`` (its last A tokens), so the
+    torch variants can do the same job.
+    """
     from atp_jax.attack.atp import run_atp
     from atp_jax.attack.config import preset
     from atp_jax.attack.problem import make_problem
@@ -261,7 +267,7 @@ def _attack_step_variants(loaded, example):
             variants[f"{name}_{steps}steps"] = (
                 lambda cfg=cfg, keys=keys: jax.block_until_ready(run_atp(loaded.model, problem.tensors, keys, cfg))
             )
-    return variants, S
+    return variants, ids, targets
 
 
 def _attack_example_variants(loaded, example, ids):
@@ -315,6 +321,10 @@ def _derived_figures(loaded, medians: dict, first: dict, matmul_flops: dict) -> 
             out[f"{name}_loss_minus_jax"] = first[name][0] - float(first["fwd_bwd"][0])
     if "prompt_fwd_bwd" in medians:
         out.update(_step_figures(medians))
+        for name in ("torch_prompt_fwd_bwd", "torch_compile_prompt_fwd_bwd"):
+            if name in medians:
+                out[f"{name}_over_atp_step"] = medians[name] / out["atp_step_s"]
+                out[f"{name}_loss_minus_jax"] = first[name][0] - float(first["prompt_fwd_bwd"][0])
     if "generate" in medians:
         generated = len(first["generate"][0])  # greedy, so every run emits the same tokens
         out["generate_new_tokens"] = generated
@@ -349,18 +359,21 @@ def main(argv):
     if "matmul_peak" in selected:
         more, matmul_flops = _matmul_variants(dtype)
         variants.update(more)
-    torch_selected = [v for v in TORCH_VARIANTS if v in selected]
+    torch_selected, torch_model = [v for v in TORCH_VARIANTS if v in selected], None
     if torch_selected:
-        more, torch_device = _torch_variants(loaded, ids, targets, torch_selected)
+        more, torch_device, torch_model = _torch_variants(loaded, ids, targets, torch_selected)
         variants.update(more)
         figures["torch_device"] = torch_device
     if any(v in selected for v in ATTACK_VARIANTS):
         example = _synthetic_example()
         figures["attack_table"] = f"{_ROWS.value}x{_COLS.value}"
         if "atp_steps" in selected:
-            more, prompt_tokens = _attack_step_variants(loaded, example)
+            more, prompt_ids, answer_ids = _attack_step_variants(loaded, example)
             variants.update(more)
-            figures["attack_prompt_tokens"] = prompt_tokens
+            figures["attack_prompt_tokens"] = prompt_ids.shape[1]
+            if torch_selected:  # torch doing one step's work on the attack prompt: the comparison users make
+                more, _, _ = _torch_variants(loaded, prompt_ids, answer_ids, torch_selected, torch_model)
+                variants.update({name.replace("fwd_bwd", "prompt_fwd_bwd"): run for name, run in more.items()})
         if "attack_example" in selected:
             variants.update(_attack_example_variants(loaded, example, ids))
 

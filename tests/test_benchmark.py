@@ -1,0 +1,57 @@
+"""experiments/benchmark.py end to end on a tiny random checkpoint, so that the binary cannot rot.
+
+No time is asserted: the figures must exist and the torch copy of the model must compute the same loss
+as the JAX one (an independent check of the comparison the benchmark makes).
+"""
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory, smollm2_tokenizer):
+    """A 2-layer random Llama saved the Hugging Face way, with SmolLM2's tokenizer beside it."""
+    path = tmp_path_factory.mktemp("tiny_llama")
+    config = transformers.LlamaConfig(
+        vocab_size=len(smollm2_tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048, rms_norm_eps=1e-5,
+        rope_theta=10000.0, tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).float().save_pretrained(path, safe_serialization=True)
+    smollm2_tokenizer.save_pretrained(path)
+    return path
+
+
+def test_benchmark_runs_every_variant_and_reports_the_figures(tiny_checkpoint, tmp_path):
+    out = tmp_path / "bench.json"
+    command = [
+        sys.executable, "experiments/benchmark.py", "--model", str(tiny_checkpoint), "--tokens", "32",
+        "--answer_tokens", "4", "--rows", "3", "--cols", "2", "--repeats", "1", "--new_tokens", "4",
+        "--variants", "fwd,fwd_bwd,torch_fwd_bwd,matmul_peak,atp_steps,attack_example", "--json_out", str(out),
+    ]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "| variant | first call (s) | median (s) | min (s) |" in done.stdout
+    figures = json.loads(out.read_text())
+    for name in ("fwd", "fwd_bwd", "torch_fwd_bwd", "prompt_fwd_bwd", "torch_prompt_fwd_bwd", "atp_1steps",
+                 "atp_r4_5steps", "atp_device_5steps", "attack_example", "generate"):
+        assert figures[f"{name}_median_s"] > 0, name
+    # The torch model holds a copy of the same weights: the same loss, on the random prompt and on the
+    # attack's prompt alike.
+    assert abs(figures["torch_fwd_bwd_loss_minus_jax"]) < 1e-4
+    assert abs(figures["torch_prompt_fwd_bwd_loss_minus_jax"]) < 1e-4
+    for key in ("atp_step_over_prompt_fwd_bwd", "atp_r4_step_over_r1", "device_hungarian_step_over_host",
+                "torch_prompt_fwd_bwd_over_atp_step", "fwd_bwd_fraction_of_matmul_peak", "generate_tokens_per_s"):
+        assert math.isfinite(figures[key]), key
+    assert figures["attack_table"] == "3x2" and figures["attack_prompt_tokens"] > 32
