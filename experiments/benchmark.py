@@ -33,7 +33,8 @@ ATTACK_VARIANTS = ("atp_steps", "attack_example")  # these build a text prompt, 
 MATMUL_SIZES = (2048, 4096)
 
 _MODEL = flags.DEFINE_string(
-    "model", atp_jax.DEFAULT_MODEL, "Zoo name, HF model directory, .gguf file or config:<architecture> (random weights)."
+    "model", atp_jax.DEFAULT_MODEL,
+    "Zoo name, HF model directory, .gguf file or config:<architecture> (random weights).",
 )
 _VARIANTS = flags.DEFINE_list("variants", list(VARIANTS), f"Variants to run: {', '.join(VARIANTS)}.")
 _TOKENS = flags.DEFINE_integer("tokens", 256, "Prompt length.")
@@ -74,8 +75,8 @@ def _synthetic_example():
 
     rng = np.random.default_rng(0)
     words = ["alpha", "beta", "gamma", "delta", "omega", "red", "blue", "north", "south", "river"]
-    table = Table([f"Col {j}" for j in range(_COLS.value)],
-                  [[f"{rng.choice(words)} {rng.integers(0, 1000)}" for _ in range(_COLS.value)] for _ in range(_ROWS.value)])
+    rows = [[f"{rng.choice(words)} {rng.integers(0, 1000)}" for _ in range(_COLS.value)] for _ in range(_ROWS.value)]
+    table = Table([f"Col {j}" for j in range(_COLS.value)], rows)
     return Example("Which row comes first?", table, [table.rows[0][0]], "bench")
 
 
@@ -406,7 +407,8 @@ def main(argv):
 
     print("| variant | first call (s) | median (s) | min (s) |\n|---|---|---|---|")
     for name in variants:
-        print(f"| {name} | {figures[f'{name}_first_call_s']} | {figures[f'{name}_median_s']} | {_round(min(times[name]))} |")
+        first_call, median = figures[f"{name}_first_call_s"], figures[f"{name}_median_s"]
+        print(f"| {name} | {first_call} | {median} | {_round(min(times[name]))} |")
     print("\n| figure | value |\n|---|---|")
     for key, value in figures.items():
         if not key.endswith(("_median_s", "_first_call_s")):
