@@ -45,6 +45,11 @@ _JSON_OUT = flags.DEFINE_string("json_out", None, "Also write the figures as JSO
 _ATTACK = flags.DEFINE_bool("attack", True, "Run the attack variants (atp_steps, attack_example) when selected.")
 _ROWS = flags.DEFINE_integer("rows", 10, "Data rows of the synthetic attack table.")
 _COLS = flags.DEFINE_integer("cols", 5, "Columns of the synthetic attack table.")
+_RESTARTS = flags.DEFINE_integer("restarts", 4, "R of the multi-restart ATP variant (atp_r<R>), compared with R = 1.")
+_ATTACK_PRESET = flags.DEFINE_string("attack_preset", "paper", "Preset of the whole attack timed by attack_example.")
+_TOKENIZER = flags.DEFINE_string(
+    "tokenizer", None, "HF tokenizer directory replacing the model's own (a config: model's zoo tokenizer, offline)."
+)
 _NEW_TOKENS = flags.DEFINE_integer("new_tokens", 32, "Greedy tokens per generation run (attack_example).")
 _PROFILE_DIR = flags.DEFINE_string(
     "profile_dir", None, "Write a jax.profiler trace of one extra, untimed round of all variants here."
@@ -236,7 +241,7 @@ def _torch_variants(loaded, ids, targets, selected, model=None):
 
 
 def _attack_step_variants(loaded, example):
-    """ATP runs of 1 and 5 steps (R = 1 and 4, host and device Hungarian) and the plain whole-prompt
+    """ATP runs of 1 and 5 steps (R = 1 and ``--restarts``, host and device Hungarian) and the plain whole-prompt
     forward+backward of the same unpermuted prompt, the yardstick of one step.
 
     Also returns that prompt's ids ``[1, S]`` and answer ids ``[1, A]`` (its last A tokens), so the
@@ -261,7 +266,8 @@ def _attack_step_variants(loaded, example):
     embeds = loaded.model.embed(ids)
     variants = {"prompt_fwd_bwd": lambda: jax.block_until_ready(fwd_bwd(embeds, loaded.model))}
     base = preset("paper")
-    for name, restarts, hungarian in (("atp", 1, "host"), ("atp_r4", 4, "host"), ("atp_device", 1, "device")):
+    runs = (("atp", 1, "host"), (f"atp_r{_RESTARTS.value}", _RESTARTS.value, "host"), ("atp_device", 1, "device"))
+    for name, restarts, hungarian in runs:
         for steps in (1, 5):
             cfg = dataclasses.replace(base, n_attack=steps, restarts=restarts, hungarian=hungarian)
             keys = jax.random.split(jax.random.key(0), restarts)
@@ -272,14 +278,15 @@ def _attack_step_variants(loaded, example):
 
 
 def _attack_example_variants(loaded, example, ids):
-    """One whole ``atp_jax.attack`` (``paper`` preset: prompt set-up, 20 steps, result) and greedy
-    generation of ``--new_tokens`` after the ``--tokens`` random-id prompt (prefill included)."""
+    """One whole ``atp_jax.attack`` (``--attack_preset``, by default ``paper``: prompt set-up, 20 steps,
+    result) and greedy generation of ``--new_tokens`` after the ``--tokens`` random-id prompt (prefill
+    included)."""
     from atp_jax.eval.generate import generate_ids
 
     prompt = np.asarray(ids[0]).tolist()
-    paper = atp_jax.preset("paper")
+    config = atp_jax.preset(_ATTACK_PRESET.value)
     return {
-        "attack_example": lambda: atp_jax.attack(loaded, example, paper),
+        "attack_example": lambda: atp_jax.attack(loaded, example, config),
         "generate": lambda: generate_ids(loaded, [prompt], _NEW_TOKENS.value),
     }
 
@@ -294,10 +301,11 @@ def _forward_flops(config, tokens: int, loss_positions: int) -> float:
 def _step_figures(medians: dict) -> dict:
     """Per-step cost = (5-step run − 1-step run) / 4, which removes set-up and final projection."""
     out = {}
-    for name in ("atp", "atp_r4", "atp_device"):
+    multi = f"atp_r{_RESTARTS.value}"
+    for name in ("atp", multi, "atp_device"):
         out[f"{name}_step_s"] = (medians[f"{name}_5steps"] - medians[f"{name}_1steps"]) / 4
     out["atp_step_over_prompt_fwd_bwd"] = out["atp_step_s"] / medians["prompt_fwd_bwd"]
-    out["atp_r4_step_over_r1"] = out["atp_r4_step_s"] / out["atp_step_s"]
+    out[f"{multi}_step_over_r1"] = out[f"{multi}_step_s"] / out["atp_step_s"]
     out["device_hungarian_step_over_host"] = out["atp_device_step_s"] / out["atp_step_s"]
     return out
 
@@ -341,7 +349,13 @@ def main(argv):
     del argv
     selected = _selected_variants(importlib.util.find_spec("torch") is not None)
     dtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[_DTYPE.value]
-    loaded = atp_jax.load_model(_MODEL.value, dtype=dtype)
+    if _RESTARTS.value < 2:
+        raise app.UsageError(f"--restarts {_RESTARTS.value}: the multi-restart variant needs R >= 2")
+    try:
+        atp_jax.preset(_ATTACK_PRESET.value)  # an unknown name stops here, before the model loads
+    except ValueError as e:
+        raise app.UsageError(f"--attack_preset: {e}") from e
+    loaded = atp_jax.load_model(_MODEL.value, dtype=dtype, tokenizer=_TOKENIZER.value)
     peak_rss_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     if loaded.tokenizer is None and any(v in selected for v in ATTACK_VARIANTS):
         print(f"{loaded.name} has no tokenizer: skipping", ", ".join(v for v in ATTACK_VARIANTS if v in selected))
@@ -368,6 +382,7 @@ def main(argv):
     if any(v in selected for v in ATTACK_VARIANTS):
         example = _synthetic_example()
         figures["attack_table"] = f"{_ROWS.value}x{_COLS.value}"
+        figures["attack_preset"] = _ATTACK_PRESET.value
         if "atp_steps" in selected:
             more, prompt_ids, answer_ids = _attack_step_variants(loaded, example)
             variants.update(more)

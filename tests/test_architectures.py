@@ -83,3 +83,28 @@ def test_load_random_weights_model():
         assert max(ids) < loaded.config.vocab_size
     again = atp_jax.load_model("config:smollm2-135m")
     np.testing.assert_array_equal(loaded.model.layers.q_proj[...][0, :4, :4], again.model.layers.q_proj[...][0, :4, :4])
+
+
+def test_tokenizer_directory_replaces_the_zoo_lookup(tmp_path, monkeypatch, smollm2_tokenizer):
+    """Offline, a config: model takes a saved HF tokenizer and never asks the zoo."""
+    smollm2_tokenizer.save_pretrained(tmp_path)
+
+    def no_zoo(name):
+        raise AssertionError(f"the zoo was asked for {name}")
+
+    monkeypatch.setattr(zoo, "resolve", no_zoo)
+    loaded = atp_jax.load_model("config:smollm2-135m", tokenizer=tmp_path)
+    text = "Which row comes first?"
+    assert loaded.tokenizer.encode(text) == smollm2_tokenizer.encode(text)
+    assert str(tmp_path) in loaded.source
+
+
+def test_tokenizer_larger_than_the_vocabulary_is_refused(tmp_path):
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"t{i}": i for i in range(50_000)}  # SmolLM2's architecture has 49152 ids
+    big = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="t0")))
+    big.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="50000 tokens do not fit config:smollm2-135m's vocabulary of 49152"):
+        atp_jax.load_model("config:smollm2-135m", tokenizer=tmp_path)

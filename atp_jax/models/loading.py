@@ -49,19 +49,22 @@ class LoadedModel:
         return tuple(sorted(ids))
 
 
-def load_model(spec: str | Path = DEFAULT_MODEL, dtype=jnp.float32) -> LoadedModel:
+def load_model(
+    spec: str | Path = DEFAULT_MODEL, dtype=jnp.float32, tokenizer: str | Path | None = None
+) -> LoadedModel:
     """Loads a model by zoo name (see ``atp_jax.models.zoo.list_models()``), HF directory or GGUF path.
 
     ``config:<name>`` (see ``atp_jax.models.architectures.list_architectures()``) builds that
     architecture with random weights (seed 0), for speed and memory measurements.
 
     ``dtype`` is the parameter dtype (``jnp.float32`` or ``jnp.bfloat16``); norms, softmax and logits
-    are float32 either way.
+    are float32 either way. ``tokenizer``, an HF tokenizer directory, replaces the model's own (for a
+    ``config:`` model: its family's zoo tokenizer, which an offline machine may not have).
     """
     start = time.perf_counter()
     spec_str = str(spec)
     if spec_str.startswith(architectures.CONFIG_PREFIX):
-        return _random_weights_model(spec_str, dtype, start)
+        return _random_weights_model(spec_str, dtype, start, tokenizer)
     path = Path(spec_str).expanduser()
     if spec_str in zoo.list_models():
         path = zoo.resolve(spec_str)
@@ -76,37 +79,44 @@ def load_model(spec: str | Path = DEFAULT_MODEL, dtype=jnp.float32) -> LoadedMod
         hf_config = gguf.read_gguf_config(path)
         config = ModelConfig.from_hf(hf_config, source=str(path))
         model = params.build_model(config, gguf.iter_gguf_tensors(path, hf_config), dtype, source=str(path))
-        tokenizer = gguf.load_gguf_tokenizer(path)
+        own_tokenizer = lambda: gguf.load_gguf_tokenizer(path)  # noqa: E731 (loaded only if not replaced)
     elif path.is_dir():
         config_file = path / "config.json"
         if not config_file.exists():
             raise ValueError(f"{path}: an HF model directory needs config.json")
         config = ModelConfig.from_hf(json.loads(config_file.read_text()), source=str(config_file))
         model = params.build_model(config, params.iter_safetensors(path), dtype, source=str(path))
-        tokenizer = _hf_tokenizer(path)
+        own_tokenizer = lambda: _hf_tokenizer(path)  # noqa: E731
     else:
         raise ValueError(f"{path}: expected a .gguf file or an HF model directory")
+    tokenizer = _hf_tokenizer(Path(tokenizer).expanduser()) if tokenizer is not None else own_tokenizer()
     name = spec_str if spec_str in zoo.list_models() else path.name
     return LoadedModel(name, config, model, tokenizer, str(path), time.perf_counter() - start)
 
 
-def _random_weights_model(spec: str, dtype, start: float) -> LoadedModel:
+def _random_weights_model(spec: str, dtype, start: float, tokenizer_dir: str | Path | None) -> LoadedModel:
     """A named architecture with seeded random weights and its family's zoo tokenizer.
 
     Only token ids matter for speed, so a smaller tokenizer of the same family stands in for the real
     one (its ids all lie inside the architecture's vocabulary). Where the zoo cannot provide it
     (offline, not cached) the model comes without a tokenizer: forward/backward timings on token ids
-    still work, text prompts do not.
+    still work, text prompts do not. ``tokenizer_dir`` (an HF tokenizer directory) skips the zoo.
     """
     name = spec[len(architectures.CONFIG_PREFIX):]
     config = architectures.model_config(name)
+    if tokenizer_dir is not None:  # checked before the (slow) random initialisation
+        tokenizer, tokenizer_model = _hf_tokenizer(Path(tokenizer_dir).expanduser()), str(tokenizer_dir)
+        if len(tokenizer) > config.vocab_size:
+            raise ValueError(f"{tokenizer_dir}: its {len(tokenizer)} tokens do not fit {spec}'s vocabulary of "
+                             f"{config.vocab_size}; use a tokenizer of the same family")
+    else:
+        tokenizer, tokenizer_model = None, architectures.FAMILY_TOKENIZER[config.architecture]
+        try:
+            tokenizer = gguf.load_gguf_tokenizer(zoo.resolve(tokenizer_model))
+        except zoo.ZooError as e:
+            warnings.warn(f"{spec}: no tokenizer (zoo model {tokenizer_model!r} unavailable: {e}); "
+                          "pass tokenizer=<HF tokenizer directory>", stacklevel=3)
     model = random_model(config, seed=0, dtype=dtype)
-    tokenizer = None
-    tokenizer_model = architectures.FAMILY_TOKENIZER[config.architecture]
-    try:
-        tokenizer = gguf.load_gguf_tokenizer(zoo.resolve(tokenizer_model))
-    except zoo.ZooError as e:
-        warnings.warn(f"{spec}: no tokenizer (zoo model {tokenizer_model!r} unavailable: {e})", stacklevel=3)
     source = f"{spec} (random weights, seed 0; tokenizer of {tokenizer_model if tokenizer else 'none'})"
     return LoadedModel(spec, config, model, tokenizer, source, time.perf_counter() - start)
 
