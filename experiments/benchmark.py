@@ -203,9 +203,10 @@ def _torch_model(loaded, device, dtype):
     return model
 
 
-def _torch_variants(loaded, ids, targets, selected, model=None):
+def _torch_variants(loaded, ids, targets, selected, model=None, job="fwd_bwd"):
     """The fwd_bwd of ``_jax_variants`` in transformers' PyTorch model on the same weights and prompt:
-    eager, and under ``torch.compile`` (whose first call compiles the forward and the backward).
+    eager, and under ``torch.compile`` (whose first call compiles the forward and the backward), named
+    ``torch_<job>`` and ``torch_compile_<job>``.
 
     On a CUDA machine with a CUDA build of torch the model runs on the GPU, else on the CPU. Returns the
     runs, a description of the device, and the torch model (pass it back in to reuse its weights).
@@ -233,10 +234,10 @@ def _torch_variants(loaded, ids, targets, selected, model=None):
 
     runs = {}
     if "torch_fwd_bwd" in selected:
-        runs["torch_fwd_bwd"] = lambda: fwd_bwd(model)
+        runs[f"torch_{job}"] = lambda: fwd_bwd(model)
     if "torch_compile_fwd_bwd" in selected:
         compiled = torch.compile(model)  # compiles lazily, on its first call
-        runs["torch_compile_fwd_bwd"] = lambda: fwd_bwd(compiled)
+        runs[f"torch_compile_{job}"] = lambda: fwd_bwd(compiled)
     return runs, f"{device}, attention {model.config._attn_implementation}", model
 
 
@@ -388,8 +389,9 @@ def main(argv):
             variants.update(more)
             figures["attack_prompt_tokens"] = prompt_ids.shape[1]
             if torch_selected:  # torch doing one step's work on the attack prompt: the comparison users make
-                more, _, _ = _torch_variants(loaded, prompt_ids, answer_ids, torch_selected, torch_model)
-                variants.update({name.replace("fwd_bwd", "prompt_fwd_bwd"): run for name, run in more.items()})
+                more, _, _ = _torch_variants(loaded, prompt_ids, answer_ids, torch_selected, torch_model,
+                                             job="prompt_fwd_bwd")
+                variants.update(more)
         if "attack_example" in selected:
             variants.update(_attack_example_variants(loaded, example, ids))
 

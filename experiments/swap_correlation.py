@@ -20,7 +20,10 @@ from atp_jax.eval.experiment import select_examples
 
 _MODEL = flags.DEFINE_string("model", "smollm2-135m-instruct", "Zoo name, HF model directory or .gguf file.")
 _DATASET = flags.DEFINE_string("dataset", "sample", "sample | wtq | tatqa | fetaqa | path.jsonl")
-_NUM_EXAMPLES = flags.DEFINE_integer("num_examples", 12, "Examples (order-sensitive, ≤ 12 rows, ≤ 8 columns).")
+_NUM_EXAMPLES = flags.DEFINE_integer(
+    "num_examples", 12,
+    "First order-free questions of ≤ 12 rows × ≤ 8 columns (as in run_attack.py --max_rows 12 --max_cols 8).",
+)
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Also write the per-example figures here.")
 
 

@@ -36,17 +36,12 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def tokenizer(smollm2_tokenizer):
-    return smollm2_tokenizer
-
-
-@pytest.fixture(scope="module")
-def layout(tokenizer):
-    return build_layout(tokenizer, EXAMPLE)
+def layout(smollm2_tokenizer):
+    return build_layout(smollm2_tokenizer, EXAMPLE)
 
 
 @pytest.mark.parametrize("perm", [(None, None), (ROW_PERM, COL_PERM)])
-def test_every_token_belongs_to_one_run_and_cells_decode_to_their_text(tokenizer, layout, perm):
+def test_every_token_belongs_to_one_run_and_cells_decode_to_their_text(smollm2_tokenizer, layout, perm):
     ids = layout.ids(*perm)
     tokens = token_map(layout, *perm)
     assert tokens.kind.shape == ids.shape
@@ -56,8 +51,8 @@ def test_every_token_belongs_to_one_run_and_cells_decode_to_their_text(tokenizer
         for j, text in enumerate(row):
             where = np.flatnonzero((tokens.row == i) & (tokens.col == j))
             assert (np.diff(where) == 1).all()  # a cell's tokens are one contiguous run
-            assert tokenizer.decode(ids[where].tolist()).strip() == text
-    assert tokenizer.decode(ids[tokens.kind == ANSWER].tolist()).strip() == "Bears"
+            assert smollm2_tokenizer.decode(ids[where].tolist()).strip() == text
+    assert smollm2_tokenizer.decode(ids[tokens.kind == ANSWER].tolist()).strip() == "Bears"
     prefix = np.flatnonzero(tokens.kind == PREFIX)
     assert (prefix == np.arange(layout.prefix_length)).all()
 
@@ -108,7 +103,7 @@ def test_one_hot_attention_lands_on_the_semantic_cell_whatever_the_order(layout)
         assert cells[2, 0] == pytest.approx(1.0) and cells.sum() == pytest.approx(1.0)
 
 
-def test_boundary_pairs_straddle_the_markdown_separators(tokenizer, layout):
+def test_boundary_pairs_straddle_the_markdown_separators(smollm2_tokenizer, layout):
     ids = layout.ids(ROW_PERM, COL_PERM)
     tokens = token_map(layout, ROW_PERM, COL_PERM)
     boundary, within = boundary_pairs(tokens)
@@ -116,11 +111,11 @@ def test_boundary_pairs_straddle_the_markdown_separators(tokenizer, layout):
     assert len(boundary) == n - 1 and len(within) == (n + 1) * (m - 1)
     for query, key in boundary:
         assert key < query and (tokens.kind[key + 1: query] == TEMPLATE).all()
-        assert tokenizer.decode(ids[key + 1: query].tolist()) == " |\n|"
+        assert smollm2_tokenizer.decode(ids[key + 1: query].tolist()) == " |\n|"
         assert tokens.slot_col[query] == 0 and tokens.slot_col[key] == m - 1
         assert tokens.slot_row[query] == tokens.slot_row[key] + 1
     for query, key in within:
-        assert tokenizer.decode(ids[key + 1: query].tolist()) == " |"
+        assert smollm2_tokenizer.decode(ids[key + 1: query].tolist()) == " |"
         assert tokens.slot_row[query] == tokens.slot_row[key]
     probs = np.zeros((1, len(ids), len(ids)))
     probs[0, boundary[:, 0], boundary[:, 1]] = 0.5
