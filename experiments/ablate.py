@@ -1,4 +1,5 @@
-"""λ and N_attack sweeps of one ATP preset (the paper's Table 5 and Figure 6), and a learning-rate sweep.
+"""λ and N_attack sweeps of one ATP preset (the paper's Table 5 and Figure 6), a learning-rate sweep, and an
+ablation of the engineering options (each changed alone at the same budget: ``--sweeps options``).
 
   python experiments/ablate.py --model smollm2-135m-instruct --attack paper --num_examples 12 \
       --output_dir results/ablation
@@ -24,21 +25,24 @@ from absl import app, flags
 from tqdm import tqdm
 
 import atp_jax
-from atp_jax.attack.config import PRESETS, preset
+from atp_jax.attack.config import PRESETS, one_option_changes, preset
 from atp_jax.distributed import maybe_initialize
 from atp_jax.eval.experiment import environment, manifest_path, results_path, run_one
 from atp_jax.eval.records import append_record, done_keys
-from atp_jax.eval.report import markdown_table, merge_records, plot_sweeps, results_files, sweep_name, sweep_rows
+from atp_jax.eval.report import (
+    markdown_table, merge_records, option_rows, plot_sweeps, results_files, sweep_name, sweep_rows,
+)
 from atp_jax.tables.linearize import STYLES
 from atp_jax.tables.prompt import PromptStyle
 
-SWEEPS = ("lambda", "n_attack", "lr")
+SWEEPS = ("lambda", "n_attack", "lr", "options")
 
 flags.DEFINE_string("model", "smollm2-135m-instruct", "Zoo name, HF model directory or .gguf file.")
 selection.define_flags(num_examples=12)
 flags.DEFINE_enum("style", "markdown", list(STYLES), "Table linearization.")
 flags.DEFINE_string("attack", "paper", "The preset swept (an ATP preset; N_attack also takes a search preset).")
-flags.DEFINE_list("sweeps", "lambda,n_attack", f"Which sweeps to run: {', '.join(SWEEPS)}.")
+flags.DEFINE_list("sweeps", "lambda,n_attack", f"Which sweeps to run: {', '.join(SWEEPS)} (options: "
+                  "atp_jax.attack.config.one_option_changes, each against the preset itself).")
 flags.DEFINE_list("lambdas", "0,1,5,10,20", "λ values (λ_r = λ_c).")
 flags.DEFINE_list("n_attacks", "5,10,20,40", "N_attack values.")
 flags.DEFINE_list("lrs", "0.03,0.1,0.3,1,3", "Adam learning rates (the lr sweep; ATP presets only).")
@@ -84,6 +88,13 @@ def _sweep_configs() -> dict[str, dict]:
             sys.exit(f"--attack={name} is a {method!r} preset without a learning rate; sweep lr on an ATP preset "
                      f"({atp_presets})")
         sweeps["lr"] = {sweep_name(name, "lr", v): preset(name, seed=FLAGS.seed, lr=v) for v in _values("lrs", float)}
+    if "options" in FLAGS.sweeps:
+        if method != "atp":
+            sys.exit(f"--attack={name} is a {method!r} preset; the options sweep changes ATP options, use one of "
+                     f"{atp_presets}")
+        base = preset(name, seed=FLAGS.seed)
+        sweeps["options"] = {name: base, **{f"{name}@{change}": config
+                                            for change, config in one_option_changes(base).items()}}
     return sweeps
 
 
@@ -129,12 +140,19 @@ def main(argv):
     bar.close()
 
     # Every shard in the folders: the table covers whatever all processes have recorded so far.
-    rows = {p: sweep_rows(merge_records(results_files(out / p)), p) for p in sweeps}
-    text = "\n\n".join(f"### {FLAGS.attack}: {p} sweep\n\n{markdown_table(r)}" for p, r in rows.items())
+    rows = {p: sweep_rows(merge_records(results_files(out / p)), p) for p in sweeps if p != "options"}
+    sections = [f"### {FLAGS.attack}: {p} sweep\n\n{markdown_table(r)}" for p, r in rows.items()]
+    if "options" in sweeps:
+        options = option_rows(merge_records(results_files(out / "options")), FLAGS.attack)
+        sections.append(f"### {FLAGS.attack}: one option changed at a time (same budget)\n\n{markdown_table(options)}")
+    text = "\n\n".join(sections)
     print(text)
     (out / "ablation.md").write_text(text + "\n")
-    plot_sweeps(rows, out / "ablation.png")
-    print(f"wrote {out / 'ablation.md'}, {out / 'ablation.png'}")
+    written = [out / "ablation.md"]
+    if rows:  # the options sweep has no numeric axis to plot
+        plot_sweeps(rows, out / "ablation.png")
+        written.append(out / "ablation.png")
+    print("wrote", ", ".join(map(str, written)))
 
 
 if __name__ == "__main__":

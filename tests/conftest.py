@@ -27,3 +27,21 @@ def _tiny_llama(tokenizer, *, num_layers: int = 2, tie_word_embeddings: bool = T
                          num_layers=num_layers, num_heads=4, num_kv_heads=2, head_dim=16,
                          tie_word_embeddings=tie_word_embeddings)
     return LoadedModel("tiny", config, random_model(config, seed=seed), tokenizer, "random", 0.0)
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory, smollm2_tokenizer):
+    """A 2-layer random Llama saved the Hugging Face way, with SmolLM2's tokenizer beside it: what the
+    experiment binaries take as ``--model`` when a test runs them end to end."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    path = tmp_path_factory.mktemp("tiny_llama")
+    config = transformers.LlamaConfig(
+        vocab_size=len(smollm2_tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048, rms_norm_eps=1e-5,
+        rope_theta=10000.0, tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).float().save_pretrained(path, safe_serialization=True)
+    smollm2_tokenizer.save_pretrained(path)
+    return path

@@ -174,3 +174,26 @@ def test_presets_that_differ_only_in_values_share_one_compile(tiny, problem):
     assert results["atp_row"].col_perm == tuple(range(EXAMPLE.table.n_cols))
     assert results["atp_col"].row_perm == tuple(range(EXAMPLE.table.n_rows))
     assert results["atp_st_reversed"].trace["objective"] != results["atp_joint"].trace["objective"]
+
+
+@pytest.mark.parametrize("name", ["atp_st", "paper"])
+def test_one_option_changes_each_change_one_option_at_the_same_budget(name):
+    from atp_jax.attack.config import one_option_changes
+
+    base = preset(name)
+    variants = one_option_changes(base)
+    fields = {f.name for f in dataclasses.fields(ATPConfig)}
+    # The fields a label may name, and what else it may move with them (λ names both weights and the
+    # schedule; folding restarts changes the steps per restart).
+    moves = {"init": {"init"}, "straight_through": {"straight_through"}, "keep_best": {"keep_best"},
+             "lambda": {"lambda_row", "lambda_col", "lambda_schedule"}, "lambda_schedule": {"lambda_schedule"},
+             "lr": {"lr"}, "restarts": {"restarts", "n_attack"}}
+    options = {label.split("=")[0] for label in variants}
+    assert options <= set(moves) and set(moves) - options <= {"lambda_schedule"}  # every option is ablated
+    for label, config in variants.items():
+        changed = {f for f in fields if getattr(config, f) != getattr(base, f)}
+        assert changed and changed <= moves[label.split("=")[0]], (label, changed)
+        assert config.restarts * config.n_attack == base.restarts * base.n_attack, label
+    assert variants["init=identity"].init == "identity"
+    with pytest.raises(ValueError, match="options belong to ATP presets"):
+        one_option_changes(preset("best_of_k"))

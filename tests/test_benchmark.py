@@ -12,25 +12,9 @@ from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+pytest.importorskip("torch")  # the torch variants are part of what is checked
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def tiny_checkpoint(tmp_path_factory, smollm2_tokenizer):
-    """A 2-layer random Llama saved the Hugging Face way, with SmolLM2's tokenizer beside it."""
-    path = tmp_path_factory.mktemp("tiny_llama")
-    config = transformers.LlamaConfig(
-        vocab_size=len(smollm2_tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048, rms_norm_eps=1e-5,
-        rope_theta=10000.0, tie_word_embeddings=True,
-    )
-    torch.manual_seed(0)
-    transformers.LlamaForCausalLM(config).float().save_pretrained(path, safe_serialization=True)
-    smollm2_tokenizer.save_pretrained(path)
-    return path
 
 
 def test_benchmark_runs_every_variant_and_reports_the_figures(tiny_checkpoint, tmp_path):

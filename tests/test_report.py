@@ -290,3 +290,19 @@ def test_paired_comparisons_by_hand():
     assert row["examples"] == 2 and row["mean_difference"] == pytest.approx(0.25) and row["higher"] == "1/2"
     assert row["ci_low"] == pytest.approx(-0.5) and row["ci_high"] == pytest.approx(1.0)
     assert "| search_warm | search_warm_reversed | 2 | +0.250 [-0.500, +1.000] | 1/2 |" in comparison_markdown([row])
+
+
+def test_option_rows_by_hand():
+    from atp_jax.eval.report import option_rows
+
+    records = [rec("e1", "atp_st", 2.0), rec("e2", "atp_st", 4.0),
+               rec("e1", "atp_st@init=uniform", 3.0), rec("e2", "atp_st@init=uniform", 3.0),
+               rec("e1", "atp_st@keep_best=off", 1.0),  # only on e1: compared there alone
+               rec("e1", "paper", 9.0), {"id": "e2", "attack": "atp_st@keep_best=off", "skipped": "x"}]
+    rows = option_rows(records, "atp_st")
+    assert [r["attack"] for r in rows] == ["atp_st", "atp_st@init=uniform", "atp_st@keep_best=off"]
+    assert rows[0] == {"attack": "atp_st", "examples": 2, "mean_answer_loss": 3.0}
+    # Differences +1 and −1: mean 0; the bootstrap interval of two values spans them.
+    assert rows[1]["minus_atp_st"] == "+0.000 [-1.000, +1.000]" and rows[1]["higher_on"] == "1/2"
+    assert rows[2]["examples"] == 1 and rows[2]["minus_atp_st"] == "-1.000 [-1.000, -1.000]"
+    assert rows[2]["higher_on"] == "0/1"

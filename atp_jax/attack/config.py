@@ -9,6 +9,7 @@ the bundled sample (``atp_st``, see README) — which still does not beat its ow
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 METHODS = ("atp", "search", "vanilla", "random", "best_of_k", "row_reverse", "col_reverse", "evolution")
 MODES = ("row", "col", "joint")
@@ -155,3 +156,35 @@ def preset(name: str, **overrides) -> ATPConfig:
     if name not in PRESETS:
         raise ValueError(f"unknown attack {name!r}; known: {', '.join(PRESETS)}")
     return dataclasses.replace(PRESETS[name], **overrides)
+
+
+def one_option_changes(config: ATPConfig) -> dict[str, ATPConfig]:
+    """The engineering options of an ATP configuration, each changed alone (an ablation, leave one out).
+
+    Keys label the change (``init=uniform``, ``straight_through=off``, ``restarts=1x20``, …). Every
+    variant spends the same gradient steps as ``config`` (restarts × n_attack), so differences come from
+    the option, not the budget. Options: each other θ initialisation; straight-through and keep-best
+    flipped; λ switched on (the paper's 10, constant and annealed) when off, or off when on; the learning
+    rate a tenth; restarts folded into one long run (or a long run split into 4).
+    """
+    if config.method != "atp":
+        raise ValueError(f"one_option_changes: method={config.method!r}; the options belong to ATP presets")
+    change = functools.partial(dataclasses.replace, config)
+    variants = {f"init={init}": change(init=init) for init in INITS if init != config.init}
+    variants["straight_through=" + ("off" if config.straight_through else "on")] = change(
+        straight_through=not config.straight_through)
+    variants["keep_best=" + ("off" if config.keep_best else "on")] = change(keep_best=not config.keep_best)
+    if config.lambda_row == 0 and config.lambda_col == 0:
+        variants["lambda=10"] = change(lambda_row=10.0, lambda_col=10.0, lambda_schedule="constant")
+        variants["lambda=10,anneal"] = change(lambda_row=10.0, lambda_col=10.0, lambda_schedule="anneal")
+    else:
+        variants["lambda=0"] = change(lambda_row=0.0, lambda_col=0.0)
+        other = "constant" if config.lambda_schedule == "anneal" else "anneal"
+        variants[f"lambda_schedule={other}"] = change(lambda_schedule=other)
+    variants[f"lr={config.lr / 10:g}"] = change(lr=config.lr / 10)
+    steps = config.n_attack * config.restarts
+    if config.restarts > 1:
+        variants[f"restarts=1x{steps}"] = change(restarts=1, n_attack=steps)
+    elif steps >= 4:
+        variants[f"restarts=4x{steps // 4}"] = change(restarts=4, n_attack=steps // 4)
+    return variants

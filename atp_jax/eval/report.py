@@ -474,6 +474,27 @@ def plot_sweeps(sweeps: dict[str, list[dict]], path: str | os.PathLike) -> None:
     figure.savefig(path, dpi=150)
 
 
+def option_rows(records: Iterable[dict], base: str, metric: str = LOSS_METRIC, seed: int = 0) -> list[dict]:
+    """Rows of a one-option-at-a-time ablation (``ablate.py --sweeps options``): for each recorded variant
+    ``base@change``, its mean ``metric`` and its paired difference from ``base`` on their common examples
+    (95% bootstrap interval; on how many examples the variant is higher). The base comes first."""
+    records = [r for r in records if "skipped" not in r]
+    variants = list(dict.fromkeys(r["attack"] for r in records if r["attack"].startswith(f"{base}@")))
+    compared = {c["attack"]: c for c in paired_comparisons(records, [(v, base) for v in variants], metric, seed=seed)}
+    rows = []
+    for attack in (base, *variants):
+        values = [v for r in records if r["attack"] == attack and (v := metric_value(r, metric)) is not None]
+        if not values:
+            continue
+        row = {"attack": attack, "examples": len(values), f"mean_{metric}": statistics.fmean(values)}
+        if attack in compared:
+            c = compared[attack]
+            row[f"minus_{base}"] = f"{c['mean_difference']:+.3f} [{c['ci_low']:+.3f}, {c['ci_high']:+.3f}]"
+            row["higher_on"] = c["higher"]
+        rows.append(row)
+    return rows
+
+
 # --------------------------------------------------------------------------- defenses
 
 _DEFENSE = re.compile(r"smooth_k(\d+)")
