@@ -17,6 +17,11 @@ def smollm():
     return load_model("smollm2-135m-instruct")
 
 
+def test_zoo_model_source_names_the_pinned_model_not_the_cache_path(smollm):
+    # Result manifests record the source: a zoo name (its sha256 is pinned) travels, a cache path does not.
+    assert smollm.name == "smollm2-135m-instruct" and smollm.source == "zoo:smollm2-135m-instruct"
+
+
 def test_smollm_gguf_greedy_matches_transformers_on_the_same_file(smollm):
     torch = pytest.importorskip("torch")
     from transformers import AutoModelForCausalLM

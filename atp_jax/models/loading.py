@@ -90,8 +90,11 @@ def load_model(
     else:
         raise ValueError(f"{path}: expected a .gguf file or an HF model directory")
     tokenizer = _hf_tokenizer(Path(tokenizer).expanduser()) if tokenizer is not None else own_tokenizer()
-    name = spec_str if spec_str in zoo.list_models() else path.name
-    return LoadedModel(name, config, model, tokenizer, str(path), time.perf_counter() - start)
+    if spec_str in zoo.list_models():  # the name pins the file (sha256); the cache path is this machine's
+        name, source = spec_str, f"zoo:{spec_str}"
+    else:
+        name, source = path.name, str(path)
+    return LoadedModel(name, config, model, tokenizer, source, time.perf_counter() - start)
 
 
 def _random_weights_model(spec: str, dtype, start: float, tokenizer_dir: str | Path | None) -> LoadedModel:
