@@ -68,7 +68,7 @@ _GRADIENT_METHODS = ("atp", "search")
 
 def _config(name: str):
     overrides = {"seed": FLAGS.seed}
-    base = PRESETS[name]
+    base = preset(name)
     if base.method in _GRADIENT_METHODS and FLAGS.n_attack is not None:
         overrides["n_attack"] = FLAGS.n_attack
     if base.method == "atp":

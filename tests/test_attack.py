@@ -197,3 +197,20 @@ def test_one_option_changes_each_change_one_option_at_the_same_budget(name):
     assert variants["init=identity"].init == "identity"
     with pytest.raises(ValueError, match="options belong to ATP presets"):
         one_option_changes(preset("best_of_k"))
+
+
+def test_a_preset_name_carries_field_overrides():
+    from atp_jax.attack.config import attack_names
+
+    assert preset("atp_st@init=uniform") == dataclasses.replace(preset("atp_st"), init="uniform")
+    both = preset("paper@straight_through=on,n_attack=40,lr=0.5")
+    assert (both.straight_through, both.n_attack, both.lr) == (True, 40, 0.5)
+    assert preset("atp_st@keep_best=off", seed=3) == dataclasses.replace(preset("atp_st"), keep_best=False, seed=3)
+    assert attack_names(["atp_st@init=uniform", "vanilla", "atp_st@init=uniform"]) == ["atp_st@init=uniform",
+                                                                                        "vanilla"]
+    for bad, message in (("atp_st@init", "'init' is not field=value"), ("atp_st@colour=red", "'colour=red' is not"),
+                         ("atp_st@keep_best=maybe", "keep_best='maybe' is not a valid bool"),
+                         ("atp_st@n_attack=x", "n_attack='x' is not a valid int"),
+                         ("atp_st@init=diagonal", "ATPConfig.init='diagonal'"), ("nope@init=uniform", "nope")):
+        with pytest.raises(ValueError, match=message):
+            attack_names([bad])

@@ -144,18 +144,54 @@ ATTACK_GROUPS: dict[str, tuple[str, ...]] = {
 def attack_names(names) -> list[str]:
     """``names`` with groups expanded, duplicates dropped, in order; unknown names raise ``ValueError``."""
     expanded = [a for name in names for a in ATTACK_GROUPS.get(name, (name,))]
-    unknown = [a for a in expanded if a not in PRESETS]
+    unknown = []
+    for name in expanded:
+        try:
+            preset(name)
+        except ValueError as e:
+            # An override's own message says what is wrong with it; an unknown base is listed by name.
+            unknown.append(str(e) if name.partition("@")[0] in PRESETS else name)
     if unknown:
-        raise ValueError(f"unknown attack(s) {', '.join(unknown)}; known: {', '.join(PRESETS)}, "
-                         f"or a group: {', '.join(ATTACK_GROUPS)}")
+        raise ValueError(f"unknown attack(s) {'; '.join(unknown)}; known: {', '.join(PRESETS)}, "
+                         f"or a group: {', '.join(ATTACK_GROUPS)}; a preset takes field overrides as "
+                         "NAME@field=value,field=value (e.g. atp_st@init=uniform)")
     return list(dict.fromkeys(expanded))
 
 
+_FIELD_TYPES = {f.name: f.type for f in dataclasses.fields(ATPConfig)}  # "str", "int", "float", "bool"
+_BOOLS = {"on": True, "true": True, "1": True, "off": False, "false": False, "0": False}
+
+
+def _parse_overrides(name: str, spec: str) -> dict:
+    """``field=value,field=value`` → typed overrides; the error names the attack and the bad item."""
+    overrides = {}
+    for item in spec.split(","):
+        field, sep, text = item.partition("=")
+        if not sep or field not in _FIELD_TYPES:
+            raise ValueError(f"{name!r}: {item!r} is not field=value with a field of ATPConfig "
+                             f"({', '.join(_FIELD_TYPES)})")
+        kind = _FIELD_TYPES[field]
+        try:
+            if kind == "bool":
+                overrides[field] = _BOOLS[text.lower()]
+            else:
+                overrides[field] = {"int": int, "float": float}.get(kind, str)(text)
+        except (KeyError, ValueError):
+            raise ValueError(f"{name!r}: {field}={text!r} is not a valid {kind}") from None
+    return overrides
+
+
 def preset(name: str, **overrides) -> ATPConfig:
-    """The named configuration, with fields overridden (e.g. ``preset("paper", seed=3)``)."""
-    if name not in PRESETS:
-        raise ValueError(f"unknown attack {name!r}; known: {', '.join(PRESETS)}")
-    return dataclasses.replace(PRESETS[name], **overrides)
+    """The named configuration, with fields overridden (e.g. ``preset("paper", seed=3)``).
+
+    The name itself may carry overrides, ``NAME@field=value,field=value`` (``atp_st@init=uniform``,
+    ``paper@straight_through=on,n_attack=40``), so any variant can be run and recorded by name.
+    """
+    base, _, spec = name.partition("@")
+    if base not in PRESETS:
+        raise ValueError(f"unknown attack {base!r}; known: {', '.join(PRESETS)}")
+    named = _parse_overrides(name, spec) if spec else {}
+    return dataclasses.replace(PRESETS[base], **{**named, **overrides})
 
 
 def one_option_changes(config: ATPConfig) -> dict[str, ATPConfig]:
