@@ -63,8 +63,9 @@ def load_model(
     """
     start = time.perf_counter()
     spec_str = str(spec)
+    replacement = _hf_tokenizer(Path(tokenizer).expanduser()) if tokenizer is not None else None
     if spec_str.startswith(architectures.CONFIG_PREFIX):
-        return _random_weights_model(spec_str, dtype, start, tokenizer)
+        return _random_weights_model(spec_str, dtype, start, replacement, tokenizer)
     path = Path(spec_str).expanduser()
     if spec_str in zoo.list_models():
         path = zoo.resolve(spec_str)
@@ -79,17 +80,16 @@ def load_model(
         hf_config = gguf.read_gguf_config(path)
         config = ModelConfig.from_hf(hf_config, source=str(path))
         model = params.build_model(config, gguf.iter_gguf_tensors(path, hf_config), dtype, source=str(path))
-        own_tokenizer = lambda: gguf.load_gguf_tokenizer(path)  # noqa: E731 (loaded only if not replaced)
+        tokenizer = replacement or gguf.load_gguf_tokenizer(path)
     elif path.is_dir():
         config_file = path / "config.json"
         if not config_file.exists():
             raise ValueError(f"{path}: an HF model directory needs config.json")
         config = ModelConfig.from_hf(json.loads(config_file.read_text()), source=str(config_file))
         model = params.build_model(config, params.iter_safetensors(path), dtype, source=str(path))
-        own_tokenizer = lambda: _hf_tokenizer(path)  # noqa: E731
+        tokenizer = replacement or _hf_tokenizer(path)
     else:
         raise ValueError(f"{path}: expected a .gguf file or an HF model directory")
-    tokenizer = _hf_tokenizer(Path(tokenizer).expanduser()) if tokenizer is not None else own_tokenizer()
     if spec_str in zoo.list_models():  # the name pins the file (sha256); the cache path is this machine's
         name, source = spec_str, f"zoo:{spec_str}"
     else:
@@ -97,18 +97,18 @@ def load_model(
     return LoadedModel(name, config, model, tokenizer, source, time.perf_counter() - start)
 
 
-def _random_weights_model(spec: str, dtype, start: float, tokenizer_dir: str | Path | None) -> LoadedModel:
+def _random_weights_model(spec: str, dtype, start: float, replacement, tokenizer_dir) -> LoadedModel:
     """A named architecture with seeded random weights and its family's zoo tokenizer.
 
     Only token ids matter for speed, so a smaller tokenizer of the same family stands in for the real
     one (its ids all lie inside the architecture's vocabulary). Where the zoo cannot provide it
     (offline, not cached) the model comes without a tokenizer: forward/backward timings on token ids
-    still work, text prompts do not. ``tokenizer_dir`` (an HF tokenizer directory) skips the zoo.
+    still work, text prompts do not. A ``replacement`` tokenizer (loaded from ``tokenizer_dir``) skips the zoo.
     """
     name = spec[len(architectures.CONFIG_PREFIX):]
     config = architectures.model_config(name)
-    if tokenizer_dir is not None:  # checked before the (slow) random initialisation
-        tokenizer, tokenizer_model = _hf_tokenizer(Path(tokenizer_dir).expanduser()), str(tokenizer_dir)
+    if replacement is not None:  # checked before the (slow) random initialisation
+        tokenizer, tokenizer_model = replacement, str(tokenizer_dir)
         if len(tokenizer) > config.vocab_size:
             raise ValueError(f"{tokenizer_dir}: its {len(tokenizer)} tokens do not fit {spec}'s vocabulary of "
                              f"{config.vocab_size}; use a tokenizer of the same family")
