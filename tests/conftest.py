@@ -1,6 +1,9 @@
-"""Fixtures shared by the test modules: the real SmolLM2 tokenizer and tiny random decoders over it."""
+"""Fixtures shared by the test modules: the real SmolLM2 tokenizer, tiny random decoders over it, and the
+shared dev data (``$ATP_JAX_DATA``, else ``shared/data`` inside or next to the checkout)."""
 
 import functools
+import os
+from pathlib import Path
 
 import pytest
 
@@ -8,6 +11,26 @@ from atp_jax.models import gguf, zoo
 from atp_jax.models.config import ModelConfig
 from atp_jax.models.loading import LoadedModel
 from atp_jax.models.modeling import random_model
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def find_shared_data() -> Path | None:
+    """The folder holding ``wtq/dev.jsonl`` and ``scoring_cases/``, or None when this checkout has none."""
+    candidates = [os.environ.get("ATP_JAX_DATA"), REPO / "shared" / "data", REPO.parent / "shared" / "data"]
+    for candidate in candidates:
+        if candidate and (Path(candidate) / "wtq" / "dev.jsonl").is_file():
+            return Path(candidate)
+    return None
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """The shared dev data folder; tests that take it are skipped where it is absent."""
+    found = find_shared_data()
+    if found is None:
+        pytest.skip("shared dev files not found (set ATP_JAX_DATA)")
+    return found
 
 
 @pytest.fixture(scope="session")

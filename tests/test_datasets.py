@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from atp_jax.data import datasets as ds
+from conftest import find_shared_data
 from atp_jax.data.datasets import (
     DatasetUnavailableError,
     filter_examples,
@@ -31,15 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 SAMPLE_FILE = REPO / "atp_jax" / "data" / "wtq_sample.jsonl"
 
 
-def _shared_data_dir():
-    candidates = [os.environ.get("ATP_JAX_DATA"), REPO / "shared" / "data", REPO.parent / "shared" / "data"]
-    for candidate in candidates:
-        if candidate and (Path(candidate) / "wtq" / "dev.jsonl").is_file():
-            return Path(candidate)
-    return None
-
-
-DATA_DIR = _shared_data_dir()
+DATA_DIR = find_shared_data()
 needs_data = pytest.mark.skipif(DATA_DIR is None, reason="shared dev files not found (set ATP_JAX_DATA)")
 
 
