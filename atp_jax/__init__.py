@@ -4,7 +4,9 @@ How fragile is LLM table question answering to the order of a table's rows and c
 searches for the worst order by gradient through Sinkhorn soft permutations.
 """
 
-from atp_jax.attack.config import ATPConfig, preset
+from atp_jax.attack.atp import ATPConfig
+from atp_jax.attack.config import AttackConfig
+from atp_jax.attack.presets import preset
 from atp_jax.attack.result import AttackResult
 from atp_jax.attack.run import attack
 from atp_jax.eval.qa import answer, answer_loss
@@ -14,6 +16,7 @@ from atp_jax.tables.table import Example, Table
 
 __all__ = [
     "ATPConfig",
+    "AttackConfig",
     "AttackResult",
     "DEFAULT_MODEL",
     "Example",

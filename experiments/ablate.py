@@ -5,8 +5,9 @@ ablation of the engineering options (each changed alone at the same budget: ``--
       --output_dir results/ablation
 
 For each swept value the preset runs with that override on the same examples (λ sets λ_r and λ_c;
-N_attack the steps or search iterations), recorded as attack ``paper@lambda=1``,
-``paper@n_attack=40``, … in the schema of run_attack.py: ``OUTPUT_DIR/lambda/results.jsonl`` and
+N_attack the steps or search iterations), recorded under the point's canonical attack spec
+(``paper@lambda_col=1.0,lambda_row=1.0``, ``paper@n_attack=40``; the preset's own value is ``paper``), a
+valid ``--attacks`` entry, in the schema of run_attack.py: ``OUTPUT_DIR/lambda/results.jsonl`` and
 ``OUTPUT_DIR/n_attack/results.jsonl`` (``results.shardK.jsonl`` per process), each with its run.json,
 resumed on rerun. Then prints value → mean loss / mean score and writes ``OUTPUT_DIR/ablation.md`` and
 the line plot ``OUTPUT_DIR/ablation.png``. ``report.py --results OUTPUT_DIR/lambda`` reads a sweep too.
@@ -25,12 +26,12 @@ from absl import app, flags
 from tqdm import tqdm
 
 import atp_jax
-from atp_jax.attack.config import PRESETS, one_option_changes, preset
+from atp_jax.attack.presets import PRESETS, canonical, one_option_changes, preset
 from atp_jax.distributed import maybe_initialize
 from atp_jax.eval.experiment import environment, manifest_path, results_path, run_one
 from atp_jax.eval.records import append_record, done_keys
 from atp_jax.eval.report import (
-    markdown_table, merge_records, option_rows, plot_sweeps, results_files, sweep_name, sweep_rows,
+    markdown_table, merge_records, option_rows, plot_sweeps, results_files, sweep_overrides, sweep_rows,
 )
 from atp_jax.tables.linearize import STYLES
 from atp_jax.tables.prompt import PromptStyle
@@ -42,7 +43,7 @@ selection.define_flags(num_examples=12)
 flags.DEFINE_enum("style", "markdown", list(STYLES), "Table linearization.")
 flags.DEFINE_string("attack", "paper", "The preset swept (an ATP preset; N_attack also takes a search preset).")
 flags.DEFINE_list("sweeps", "lambda,n_attack", f"Which sweeps to run: {', '.join(SWEEPS)} (options: "
-                  "atp_jax.attack.config.one_option_changes, each against the preset itself).")
+                  "atp_jax.attack.presets.one_option_changes, each against the preset itself).")
 flags.DEFINE_list("lambdas", "0,1,5,10,20", "λ values (λ_r = λ_c).")
 flags.DEFINE_list("n_attacks", "5,10,20,40", "N_attack values.")
 flags.DEFINE_list("lrs", "0.03,0.1,0.3,1,3", "Adam learning rates (the lr sweep; ATP presets only).")
@@ -60,6 +61,15 @@ def _values(flag: str, cast) -> list:
         sys.exit(f"--{flag}={','.join(getattr(FLAGS, flag))}: give a comma list of numbers, e.g. --{flag}=0,1,5")
 
 
+def _points(name: str, parameter: str, values: list) -> dict:
+    """{canonical spec: config} of one sweep: every name recorded is a valid ``--attacks`` entry."""
+    points = {}
+    for value in values:
+        overrides = sweep_overrides(parameter, value)
+        points[canonical(name, **overrides)] = preset(name, seed=FLAGS.seed, **overrides)
+    return points
+
+
 def _sweep_configs() -> dict[str, dict]:
     """Sweep → {attack name: config}, after checking the preset can take the override."""
     name = FLAGS.attack
@@ -75,26 +85,22 @@ def _sweep_configs() -> dict[str, dict]:
         if method != "atp":
             sys.exit(f"--attack={name} is a {method!r} preset and has no λ; sweep λ on an ATP preset "
                      f"({atp_presets}) or pass --sweeps=n_attack")
-        sweeps["lambda"] = {sweep_name(name, "lambda", v): preset(name, seed=FLAGS.seed, lambda_row=v, lambda_col=v)
-                            for v in _values("lambdas", float)}
+        sweeps["lambda"] = _points(name, "lambda", _values("lambdas", float))
     if "n_attack" in FLAGS.sweeps:
         if method not in ("atp", "search"):
             sys.exit(f"--attack={name} is a {method!r} preset without steps; sweep N_attack on an ATP or search "
                      f"preset ({atp_presets}, search, …)")
-        sweeps["n_attack"] = {sweep_name(name, "n_attack", v): preset(name, seed=FLAGS.seed, n_attack=v)
-                              for v in _values("n_attacks", int)}
+        sweeps["n_attack"] = _points(name, "n_attack", _values("n_attacks", int))
     if "lr" in FLAGS.sweeps:
         if method != "atp":
             sys.exit(f"--attack={name} is a {method!r} preset without a learning rate; sweep lr on an ATP preset "
                      f"({atp_presets})")
-        sweeps["lr"] = {sweep_name(name, "lr", v): preset(name, seed=FLAGS.seed, lr=v) for v in _values("lrs", float)}
+        sweeps["lr"] = _points(name, "lr", _values("lrs", float))
     if "options" in FLAGS.sweeps:
         if method != "atp":
             sys.exit(f"--attack={name} is a {method!r} preset; the options sweep changes ATP options, use one of "
                      f"{atp_presets}")
-        base = preset(name, seed=FLAGS.seed)
-        sweeps["options"] = {name: base, **{f"{name}@{change}": config
-                                            for change, config in one_option_changes(base).items()}}
+        sweeps["options"] = {name: preset(name, seed=FLAGS.seed), **one_option_changes(name, seed=FLAGS.seed)}
     return sweeps
 
 
@@ -116,7 +122,7 @@ def main(argv):
         manifest = {
             "model": model.name, "model_source": model.source, "dataset": FLAGS.dataset, "split": FLAGS.split,
             "style": dataclasses.asdict(style), "sweep": parameter, "base_attack": FLAGS.attack,
-            "attacks": {k: dataclasses.asdict(v) for k, v in configs.items()}, "examples": len(examples),
+            "attacks": {k: v.as_dict() for k, v in configs.items()}, "examples": len(examples),
             "seed": FLAGS.seed, **environment(), "process_index": process_index, "process_count": process_count,
             "argv": sys.argv,
         }

@@ -249,7 +249,7 @@ def _attack_step_variants(loaded, example):
     torch variants can do the same job.
     """
     from atp_jax.attack.atp import run_atp
-    from atp_jax.attack.config import preset
+    from atp_jax.attack.presets import preset
     from atp_jax.attack.problem import make_problem
 
     problem = make_problem(loaded, example)

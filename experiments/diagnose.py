@@ -26,7 +26,7 @@ from absl import app, flags
 from tqdm import tqdm
 
 import atp_jax
-from atp_jax.attack.config import PRESETS, preset
+from atp_jax.attack.presets import PRESETS, preset
 from atp_jax.attack.problem import AttackInputError
 from atp_jax.diagnostics.attention import diagnose
 from atp_jax.diagnostics.summary import diagnosis_json, plot_heatmaps, plot_layers, summarize_pairs, summary_markdown

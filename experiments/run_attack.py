@@ -13,6 +13,7 @@ atomically; a rerun skips the (id, attack) pairs already recorded. ``run.json`` 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import os
 import sys
@@ -24,7 +25,7 @@ from absl import app, flags
 from tqdm import tqdm
 
 import atp_jax
-from atp_jax.attack.config import ATTACK_GROUPS, PRESETS, attack_names, preset
+from atp_jax.attack.presets import ATTACK_GROUPS, PRESETS, attack_names, canonical, preset
 from atp_jax.distributed import maybe_initialize
 from atp_jax.eval.experiment import environment, manifest_path, results_path, run_one
 from atp_jax.eval.judge import ModelJudge, OpenAICompatibleJudge
@@ -40,6 +41,8 @@ flags.DEFINE_string("model", DEFAULT_MODEL, "Zoo name, HF model directory or .gg
 # With no flags this is the demo (README): the paper's table on two small sample tables, ≤ 10 min on 2 CPU cores.
 selection.define_flags(num_examples=2, max_rows=8, max_cols=5)
 flags.DEFINE_enum("style", "markdown", list(STYLES), "Table linearization.")
+flags.DEFINE_list("attack_modules", [], "Python modules imported first, which may register attack methods "
+                  "(atp_jax.attack.registry.register) and presets (atp_jax.attack.presets.register_preset).")
 flags.DEFINE_list("attacks", ["paper_table"], f"Comma list of: {', '.join(PRESETS)}; or a group: "
                   + "; ".join(f"{k} = {', '.join(v)}" for k, v in ATTACK_GROUPS.items() if k != "all")
                   + "; all = every attack.")
@@ -63,19 +66,18 @@ flags.DEFINE_string("judge_api_key_env", "OPENAI_API_KEY", "Environment variable
 flags.DEFINE_string("output_dir", "results/demo", "Where results.jsonl and run.json go.")
 FLAGS = flags.FLAGS
 
-_GRADIENT_METHODS = ("atp", "search")
+_FIELD_FLAGS = ("n_attack", "lambda_row", "lambda_col", "restarts")  # applied to the attacks that have the field
 
 
-def _config(name: str):
-    overrides = {"seed": FLAGS.seed}
-    base = preset(name)
-    if base.method in _GRADIENT_METHODS and FLAGS.n_attack is not None:
-        overrides["n_attack"] = FLAGS.n_attack
-    if base.method == "atp":
-        for field in ("lambda_row", "lambda_col", "restarts"):
-            if getattr(FLAGS, field) is not None:
-                overrides[field] = getattr(FLAGS, field)
-    return preset(name, **overrides)
+def _configs(names: list[str]) -> dict:
+    """{recorded spec: config}: the field flags fold into each attack's name, so a run with other settings
+    records other names and never mixes into the columns of this one."""
+    configs = {}
+    for name in names:
+        base = preset(name)
+        overrides = {f: getattr(FLAGS, f) for f in _FIELD_FLAGS if getattr(FLAGS, f) is not None and hasattr(base, f)}
+        configs[canonical(name, **overrides)] = preset(name, seed=FLAGS.seed, **overrides)
+    return configs
 
 
 def _smoothing_ks(values: list[str], generate: bool) -> tuple[int, ...] | str:
@@ -148,6 +150,11 @@ def main(argv):
     del argv
     # First: jax.distributed must be joined before anything creates a backend.
     jax_index, jax_count = maybe_initialize(FLAGS.distributed)
+    for module in FLAGS.attack_modules:
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            sys.exit(f"--attack_modules: cannot import {module!r} ({e}); is it on PYTHONPATH?")
     try:
         attacks = attack_names(FLAGS.attacks)
     except ValueError as e:
@@ -174,10 +181,10 @@ def main(argv):
         judge = ModelJudge.from_model(model if same else atp_jax.load_model(FLAGS.judge_model))
     scorer = Scorer(tuple(FLAGS.metrics), judge)
     style = PromptStyle(linearization=FLAGS.style)
-    configs = {name: _config(name) for name in attacks}
+    configs = _configs(attacks)
     manifest = {
         "model": model.name, "model_source": model.source, "dataset": FLAGS.dataset, "split": FLAGS.split,
-        "style": dataclasses.asdict(style), "attacks": {k: dataclasses.asdict(v) for k, v in configs.items()},
+        "style": dataclasses.asdict(style), "attacks": {k: v.as_dict() for k, v in configs.items()},
         "examples": len(examples), "seed": FLAGS.seed, "metrics": FLAGS.metrics,
         "judge": FLAGS.judge_model or (FLAGS.judge_url and f"{FLAGS.judge_name} at {FLAGS.judge_url}"),
         "smoothing": None if smoothing is None else {**dataclasses.asdict(smoothing), "ks": list(smoothing_ks)},

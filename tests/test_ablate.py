@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from atp_jax.attack.config import one_option_changes, preset
+from atp_jax.attack.presets import attack_names, one_option_changes
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -18,14 +18,18 @@ def test_ablate_records_every_point_tabulates_the_options_and_resumes(tiny_check
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
 
-    expected = ["atp_st", *(f"atp_st@{change}" for change in one_option_changes(preset("atp_st")))]
+    expected = ["atp_st", *one_option_changes("atp_st")]
     records = [json.loads(line) for line in (out / "options" / "results.jsonl").read_text().splitlines()]
     assert [r["attack"] for r in records] == expected
     assert all(r["answer_loss"] > 0 and r["backward_calls"] == 20 for r in records)  # the same budget
     manifest = json.loads((out / "options" / "run.json").read_text())
     assert manifest["attacks"]["atp_st@init=uniform"]["init"] == "uniform"
-    assert [json.loads(line)["attack"] for line in (out / "lambda" / "results.jsonl").read_text().splitlines()] == [
-        "atp_st@lambda=0"]
+    # λ = 0 is atp_st's own value: the point is the preset itself, recorded under its plain name.
+    lambda_names = [json.loads(line)["attack"] for line in (out / "lambda" / "results.jsonl").read_text().splitlines()]
+    assert lambda_names == ["atp_st"]
+    # Every name the binary recorded is a valid --attacks entry, already in its canonical form.
+    recorded = [r["attack"] for r in records] + lambda_names
+    assert attack_names(recorded) == list(dict.fromkeys(recorded))
 
     table = (out / "ablation.md").read_text()
     assert "### atp_st: lambda sweep" in table and "### atp_st: one option changed at a time" in table

@@ -9,7 +9,8 @@ import pytest
 
 from atp_jax.attack import baselines
 from atp_jax.attack.atp import run_atp
-from atp_jax.attack.config import ATPConfig, preset
+from atp_jax.attack.atp import ATPConfig
+from atp_jax.attack.presets import preset
 from atp_jax.attack.hungarian import perm_to_matrix
 from atp_jax.attack.problem import AttackInputError, answer_logits, hard_losses, make_problem, objective_value, soft_body
 from atp_jax.attack.result import Evaluator
@@ -161,7 +162,7 @@ def test_warm_search_shares_start_and_budget_with_its_controls(tiny, problem):
 
 def test_presets_that_differ_only_in_values_share_one_compile(tiny, problem):
     from atp_jax.attack.atp import _run_atp
-    from atp_jax.attack.config import preset
+    from atp_jax.attack.presets import preset
 
     names = ["atp_joint", "atp_row", "atp_col", "atp_st_reversed", "atp_st_random"]
     results = {}
@@ -178,29 +179,50 @@ def test_presets_that_differ_only_in_values_share_one_compile(tiny, problem):
 
 @pytest.mark.parametrize("name", ["atp_st", "paper"])
 def test_one_option_changes_each_change_one_option_at_the_same_budget(name):
-    from atp_jax.attack.config import one_option_changes
+    from atp_jax.attack.presets import attack_names, one_option_changes
 
     base = preset(name)
-    variants = one_option_changes(base)
+    variants = one_option_changes(name)
     fields = {f.name for f in dataclasses.fields(ATPConfig)}
-    # The fields a label may name, and what else it may move with them (λ names both weights and the
-    # schedule; folding restarts changes the steps per restart).
+    # What one option may move (λ moves both weights and maybe the schedule; folding restarts changes the
+    # steps per restart).
     moves = {"init": {"init"}, "straight_through": {"straight_through"}, "keep_best": {"keep_best"},
              "lambda": {"lambda_row", "lambda_col", "lambda_schedule"}, "lambda_schedule": {"lambda_schedule"},
              "lr": {"lr"}, "restarts": {"restarts", "n_attack"}}
-    options = {label.split("=")[0] for label in variants}
-    assert options <= set(moves) and set(moves) - options <= {"lambda_schedule"}  # every option is ablated
-    for label, config in variants.items():
+    seen = set()
+    for spec, config in variants.items():
         changed = {f for f in fields if getattr(config, f) != getattr(base, f)}
-        assert changed and changed <= moves[label.split("=")[0]], (label, changed)
-        assert config.restarts * config.n_attack == base.restarts * base.n_attack, label
-    assert variants["init=identity"].init == "identity"
-    with pytest.raises(ValueError, match="options belong to ATP presets"):
-        one_option_changes(preset("best_of_k"))
+        options = {option for option, allowed in moves.items() if changed and changed <= allowed}
+        assert options, (spec, changed)
+        seen |= options
+        assert config.restarts * config.n_attack == base.restarts * base.n_attack, spec
+        assert preset(spec) == config  # the name is the configuration
+    assert attack_names(variants) == list(variants)  # every name is a valid, canonical --attacks entry
+    assert set(moves) - seen <= {"lambda_schedule"}  # every option is ablated
+    assert variants[f"{name}@init=identity"].init == "identity"
+    with pytest.raises(ValueError, match="the options belong to ATP"):
+        one_option_changes("best_of_k")
+
+
+def test_canonical_specs_round_trip_through_preset():
+    from atp_jax.attack.presets import PRESETS, canonical
+
+    for name in PRESETS:
+        assert canonical(name) == name
+    # Sorted, typed, overrides equal to the preset's own value dropped, bools written on/off.
+    assert canonical("paper@n_attack=40,lr=0.5,lambda_row=1") == "paper@lambda_row=1.0,lr=0.5,n_attack=40"
+    assert canonical("atp_st@n_attack=5,init=uniform") == "atp_st@init=uniform"
+    assert canonical("paper@straight_through=true") == "paper@straight_through=on"
+    assert canonical("paper", lambda_row=1, lambda_col=1) == "paper@lambda_col=1.0,lambda_row=1.0"
+    for spec in ("paper@lambda_row=1.0,lr=0.5,n_attack=40", "atp_st@keep_best=off", "best_of_k@k=5"):
+        assert canonical(spec) == spec
+        assert preset(canonical(spec)) == preset(spec)
+    with pytest.raises(ValueError, match="has no field k"):
+        preset("atp_st", k=3)  # a field of another method
 
 
 def test_a_preset_name_carries_field_overrides():
-    from atp_jax.attack.config import attack_names
+    from atp_jax.attack.presets import attack_names
 
     assert preset("atp_st@init=uniform") == dataclasses.replace(preset("atp_st"), init="uniform")
     both = preset("paper@straight_through=on,n_attack=40,lr=0.5")

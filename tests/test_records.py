@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from atp_jax.attack.config import preset
+from atp_jax.attack.presets import preset
 from atp_jax.eval import records as records_module
 from atp_jax.eval.experiment import manifest_path, replay, results_path, run_one
 from atp_jax.eval.qa import answer_losses

@@ -14,8 +14,8 @@ import pytest
 
 from atp_jax.eval.records import append_record
 from atp_jax.eval.report import (
-    bootstrap_ci, load_run, parse_sweep_name, plot_scores, plot_sweeps, results_files, score_csv, score_markdown,
-    score_tables, sweep_name, sweep_rows,
+    bootstrap_ci, load_run, plot_scores, plot_sweeps, results_files, score_csv, score_markdown,
+    score_tables, sweep_rows, sweep_value,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -256,17 +256,19 @@ def test_report_binary_writes_markdown_csv_and_png(folders, tmp_path):
 
 # --------------------------------------------------------------------------- sweeps
 
-def test_sweep_names_round_trip():
-    assert sweep_name("paper", "lambda", 1.0) == "paper@lambda=1"
-    assert sweep_name("paper", "lambda", 0.5) == "paper@lambda=0.5"
-    assert sweep_name("atp_row", "n_attack", 40) == "atp_row@n_attack=40"
-    assert parse_sweep_name("paper@lambda=0.5") == ("paper", "lambda", 0.5)
-    assert parse_sweep_name("paper") is None and parse_sweep_name("paper@lambda=x") is None
+def test_sweep_values_read_from_attack_specs():
+    assert sweep_value("paper@lambda_col=0.5,lambda_row=0.5", "lambda") == 0.5
+    assert sweep_value("paper", "lambda") == 10.0  # the preset's own value is a point of every sweep
+    assert sweep_value("atp_row@n_attack=40", "n_attack") == 40
+    assert sweep_value("paper@lambda_row=0.5", "lambda") is None  # λ_r alone is not a point of the λ sweep
+    assert sweep_value("paper@lr=0.3", "lambda") is None  # another field changed
+    assert sweep_value("paper@lambda=x", "lambda") is None and sweep_value("vanilla", "lambda") is None
 
 
 def test_sweep_rows_sorted_by_value(tmp_path):
     records = [rec("e1", "paper@n_attack=10", 2.0, accuracy=0.0), rec("e1", "paper@n_attack=5", 1.0, accuracy=1.0),
-               rec("e2", "paper@n_attack=5", 3.0, accuracy=0.0), rec("e1", "paper@lambda=1", 9.0, accuracy=0.0),
+               rec("e2", "paper@n_attack=5", 3.0, accuracy=0.0),
+               rec("e1", "paper@lambda_col=1.0,lambda_row=1.0", 9.0, accuracy=0.0),
                rec("e1", "vanilla", 9.0, accuracy=0.0), {"id": "e3", "attack": "paper@n_attack=5", "skipped": "x"}]
     rows = sweep_rows(records, "n_attack")
     assert rows == [

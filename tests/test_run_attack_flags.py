@@ -65,7 +65,7 @@ def test_with_good_flags_the_missing_model_is_what_stops_it(tmp_path):
 
 
 def test_attack_groups_expand_in_order_without_duplicates():
-    from atp_jax.attack.config import PRESETS, attack_names
+    from atp_jax.attack.presets import PRESETS, attack_names
 
     assert attack_names(["paper_table"]) == ["vanilla", "random", "best_of_k", "row_reverse", "col_reverse",
                                              "evolution", "atp_row", "atp_col", "atp_joint"]

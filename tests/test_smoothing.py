@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from atp_jax.attack.config import preset
+from atp_jax.attack.presets import preset
 from atp_jax.eval.experiment import run_one
 from atp_jax.eval.metrics import normalize_wtq
 from atp_jax.eval.qa import answers

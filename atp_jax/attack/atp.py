@@ -8,22 +8,66 @@ computation: ``lax.scan`` over steps inside ``vmap`` over restarts (one compile 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from atp_jax.attack.config import ATPConfig
+from atp_jax.attack.config import DIRECTIONS, AttackConfig
 from atp_jax.attack.hungarian import perm_to_matrix, project
 from atp_jax.attack.problem import ProblemTensors, answer_logits, objective_value, soft_body
 from atp_jax.attack.result import AttackResult, Evaluator
 from atp_jax.attack.sinkhorn import SinkhornConfig, entropy, pin_header, sinkhorn
 from atp_jax.models.modeling import Transformer
 
-_INITS = {"uniform": 0, "identity": 1, "random_perm": 2}
-_DIRECTIONS = {"gradient": 0, "reversed": 1, "random": 2}
+INITS = ("uniform", "identity", "random_perm")
+_INITS = {name: i for i, name in enumerate(INITS)}
+_DIRECTIONS = {name: i for i, name in enumerate(DIRECTIONS)}
+
+
+@dataclasses.dataclass(frozen=True)
+class ATPConfig(AttackConfig):
+    """Sinkhorn gradient ATP.
+
+    n_attack: optimisation steps.
+    lambda_row, lambda_col: entropy penalty weights; objective = loss − λ_r H(D_r) − λ_c H(D_c).
+    lambda_schedule: ``constant`` or ``anneal`` (λ grows linearly from 0: soft early, sharp late).
+    lr: Adam learning rate on θ.
+    init: θ start: ``uniform`` (init_noise·N(0,1), D ≈ uniform), ``identity`` or ``random_perm``
+      (init_scale·P0 + init_noise·N(0,1), D near that hard order).
+    sinkhorn_iters, temperature: the Sinkhorn relaxation.
+    restarts: R independent starts run as one vmapped computation.
+    straight_through: forward with the hard permutation's embeddings, gradient through soft D.
+    keep_best: return the best hard order seen during the run, not only the final projection.
+    hungarian: ``host`` (SciPy through pure_callback) or ``device`` (optax).
+    direction: ``gradient``; or a control: ``reversed`` (ascend −∇) or ``random`` (a random direction of
+      the gradient's norm).
+    """
+
+    method: ClassVar[str] = "atp"
+    choices: ClassVar[dict[str, tuple]] = {"init": INITS, "direction": DIRECTIONS, "hungarian": ("host", "device"),
+                                           "lambda_schedule": ("constant", "anneal")}
+    positive: ClassVar[tuple[str, ...]] = ("n_attack", "restarts")
+
+    n_attack: int = 20
+    lambda_row: float = 10.0
+    lambda_col: float = 10.0
+    lambda_schedule: str = "constant"
+    lr: float = 0.1
+    init: str = "uniform"
+    init_scale: float = 3.0
+    init_noise: float = 0.01
+    sinkhorn_iters: int = 20
+    temperature: float = 1.0
+    restarts: int = 1
+    straight_through: bool = False
+    keep_best: bool = False
+    hungarian: str = "host"
+    direction: str = "gradient"
 
 
 def _settings(cfg: ATPConfig) -> dict:
@@ -120,8 +164,11 @@ def _run_atp(model: Transformer, t: ProblemTensors, keys, s: dict, *, n_attack: 
     return jax.vmap(one_restart)(keys)
 
 
-def atp_attack(evaluator: Evaluator, cfg: ATPConfig, name: str = "atp") -> AttackResult:
-    """Runs ATP and chooses among the restarts' orders by the true (re-rendered) objective."""
+def atp_attack(evaluator: Evaluator, cfg: ATPConfig, rng: np.random.Generator | None = None) -> AttackResult:
+    """Runs ATP and chooses among the restarts' orders by the true (re-rendered) objective.
+
+    ``rng`` is unused: the JAX key derives from ``cfg.seed``."""
+    del rng
     keys = jax.random.split(jax.random.key(cfg.seed), cfg.restarts)
     trace, final_r, final_c = run_atp(evaluator.loaded.model, evaluator.problem.tensors, keys, cfg)
     trace = jax.tree.map(np.asarray, trace)
@@ -156,4 +203,4 @@ def atp_attack(evaluator: Evaluator, cfg: ATPConfig, name: str = "atp") -> Attac
         "entropy_col": trace["entropy_col"].tolist(),
         "distinct_orders_visited": len(set(visited)),
     }
-    return evaluator.result(name, np.array(chosen[0]), np.array(chosen[1]), summary)
+    return evaluator.result(cfg.method, np.array(chosen[0]), np.array(chosen[1]), summary)

@@ -1,14 +1,66 @@
 """Non-gradient attacks with the paper's settings: identity, random, best-of-k, reversals, evolution.
 
-Each takes an ``Evaluator`` (counts every sequence forwarded) and a numpy ``Generator`` and returns
-an ``AttackResult``. "Strongest" always means highest objective (CE of the reference answer, or KL).
+Each method has its config (an ``AttackConfig``) and a ``run(evaluator, config, rng)`` that queries the
+``Evaluator`` (which counts every sequence forwarded) and returns an ``AttackResult``. "Strongest" always
+means highest objective (CE of the reference answer, or KL).
 """
 
 from __future__ import annotations
 
+import dataclasses
+from typing import ClassVar
+
 import numpy as np
 
+from atp_jax.attack.config import AttackConfig
 from atp_jax.attack.result import AttackResult, Evaluator
+
+
+@dataclasses.dataclass(frozen=True)
+class VanillaConfig(AttackConfig):
+    """The original order (one query, for a like-for-like call count)."""
+
+    method: ClassVar[str] = "vanilla"
+
+
+@dataclasses.dataclass(frozen=True)
+class RandomConfig(AttackConfig):
+    """One random order of the dimensions ``mode`` permutes."""
+
+    method: ClassVar[str] = "random"
+
+
+@dataclasses.dataclass(frozen=True)
+class BestOfKConfig(AttackConfig):
+    """The strongest of ``k`` random orders (k queries)."""
+
+    method: ClassVar[str] = "best_of_k"
+    positive: ClassVar[tuple[str, ...]] = ("k",)
+    k: int = 20
+
+
+@dataclasses.dataclass(frozen=True)
+class RowReverseConfig(AttackConfig):
+    """Data rows in reverse order (the header stays first)."""
+
+    method: ClassVar[str] = "row_reverse"
+
+
+@dataclasses.dataclass(frozen=True)
+class ColReverseConfig(AttackConfig):
+    """Columns in reverse order."""
+
+    method: ClassVar[str] = "col_reverse"
+
+
+@dataclasses.dataclass(frozen=True)
+class EvolutionConfig(AttackConfig):
+    """The paper's E-Search: ``population · (generations + 1)`` queries."""
+
+    method: ClassVar[str] = "evolution"
+    positive: ClassVar[tuple[str, ...]] = ("population",)
+    population: int = 5
+    generations: int = 5
 
 
 def _modes(mode: str) -> tuple[bool, bool]:
@@ -122,3 +174,30 @@ def evolution(
         history.append(float(fitness.max()))
     best = int(np.argmax(fitness))
     return evaluator.result("evolution", pop_r[best], pop_c[best], {"best_per_generation": history})
+
+
+# --------------------------------------------------------------------- the registry's entry points
+
+
+def run_vanilla(evaluator: Evaluator, config: VanillaConfig, rng: np.random.Generator) -> AttackResult:
+    return identity(evaluator, rng, config.mode)
+
+
+def run_random(evaluator: Evaluator, config: RandomConfig, rng: np.random.Generator) -> AttackResult:
+    return random_order(evaluator, rng, config.mode)
+
+
+def run_best_of_k(evaluator: Evaluator, config: BestOfKConfig, rng: np.random.Generator) -> AttackResult:
+    return best_of_k(evaluator, rng, config.k, config.mode)
+
+
+def run_row_reverse(evaluator: Evaluator, config: RowReverseConfig, rng: np.random.Generator) -> AttackResult:
+    return reverse(evaluator, rng, "row")
+
+
+def run_col_reverse(evaluator: Evaluator, config: ColReverseConfig, rng: np.random.Generator) -> AttackResult:
+    return reverse(evaluator, rng, "col")
+
+
+def run_evolution(evaluator: Evaluator, config: EvolutionConfig, rng: np.random.Generator) -> AttackResult:
+    return evolution(evaluator, rng, config.population, config.generations, config.mode)

@@ -13,7 +13,9 @@ same gradient. The controls rank by −Δ (``reversed``) or at random (``random`
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -21,12 +23,33 @@ import numpy as np
 import scipy.stats
 
 from atp_jax.attack.baselines import random_orders
-from atp_jax.attack.config import ATPConfig
+from atp_jax.attack.config import DIRECTIONS, AttackConfig
 from atp_jax.attack.hungarian import perm_to_matrix
 from atp_jax.attack.problem import ProblemTensors, answer_logits, objective_value, soft_body
 from atp_jax.attack.result import AttackResult, Evaluator
 from atp_jax.attack.sinkhorn import pin_header
 from atp_jax.models.modeling import Transformer
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchConfig(AttackConfig):
+    """Gradient-guided swap search.
+
+    n_attack: gradient evaluations at most.
+    candidates: swaps evaluated per batch (one batched forward).
+    direction: ``gradient``; or a control: ``reversed`` (rank swaps by −Δ) or ``random`` (rank at random).
+    start_samples: random orders scored before the search; it starts from the best of them and the
+      identity (0: start from the identity).
+    """
+
+    method: ClassVar[str] = "search"
+    choices: ClassVar[dict[str, tuple]] = {"direction": DIRECTIONS}
+    positive: ClassVar[tuple[str, ...]] = ("n_attack", "candidates")
+
+    n_attack: int = 2
+    candidates: int = 8
+    direction: str = "gradient"
+    start_samples: int = 0
 
 
 @functools.partial(jax.jit, static_argnames=("objective",))
@@ -55,7 +78,7 @@ def _swap(perm: np.ndarray, a: int, b: int) -> np.ndarray:
     return out
 
 
-def _candidates(rows, cols, g_r, g_c, cfg: ATPConfig, rng):
+def _candidates(rows, cols, g_r, g_c, cfg: SearchConfig, rng):
     """All single swaps of the current order as (row_perm, col_perm, score), best-scored first."""
     moves = []
     if cfg.mode in ("row", "joint") and len(rows) > 1:
@@ -71,7 +94,7 @@ def _candidates(rows, cols, g_r, g_c, cfg: ATPConfig, rng):
     return sorted(moves, key=lambda move: -move[2])
 
 
-def search_attack(evaluator: Evaluator, cfg: ATPConfig, rng: np.random.Generator, name: str = "search") -> AttackResult:
+def search_attack(evaluator: Evaluator, cfg: SearchConfig, rng: np.random.Generator) -> AttackResult:
     """Gradient-guided swap search with ``cfg.n_attack`` gradient evaluations at most."""
     problem = evaluator.problem
     rows, cols = evaluator.identity
@@ -109,7 +132,7 @@ def search_attack(evaluator: Evaluator, cfg: ATPConfig, rng: np.random.Generator
         if losses[top] > best_loss:
             rows, cols, best_loss = batch[top][0], batch[top][1], float(losses[top])
             ranked = []  # moved: take a fresh gradient at the new order
-    return evaluator.result(name, rows, cols, {"steps": history})
+    return evaluator.result(cfg.method, rows, cols, {"steps": history})
 
 
 def swap_rank_correlation(evaluator: Evaluator, row_perm=None, col_perm=None) -> dict:
@@ -120,7 +143,7 @@ def swap_rank_correlation(evaluator: Evaluator, row_perm=None, col_perm=None) ->
     cols = evaluator.identity[1] if col_perm is None else np.asarray(col_perm)
     value, g_r, g_c = order_gradients(evaluator.loaded.model, problem.tensors, jnp.asarray(rows), jnp.asarray(cols),
                                       problem.objective)
-    moves = _candidates(rows, cols, np.asarray(g_r), np.asarray(g_c), ATPConfig(method="search"), None)
+    moves = _candidates(rows, cols, np.asarray(g_r), np.asarray(g_c), SearchConfig(), None)
     true = evaluator.losses([r for r, _, _ in moves], [c for _, c, _ in moves]) - float(value)
     predicted = np.array([s for _, _, s in moves])
     rho = scipy.stats.spearmanr(predicted, true).statistic if len(moves) > 2 else float("nan")

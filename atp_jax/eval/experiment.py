@@ -16,7 +16,7 @@ from pathlib import Path
 import jax
 
 import atp_jax
-from atp_jax.attack.config import ATPConfig
+from atp_jax.attack.config import AttackConfig
 from atp_jax.attack.problem import AttackInputError, make_problem
 from atp_jax.attack.run import attack
 from atp_jax.data.datasets import filter_examples, load_dataset
@@ -90,7 +90,7 @@ def run_one(
     model: LoadedModel,
     example: Example,
     name: str,
-    config: ATPConfig,
+    config: AttackConfig,
     style: PromptStyle,
     *,
     problems: dict | None = None,

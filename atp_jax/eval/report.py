@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from atp_jax.attack.presets import PRESETS, control_pairs, preset
 from atp_jax.eval.records import read_records
 
 REFERENCE_ATTACK = "best_of_k"
@@ -193,22 +194,18 @@ def bootstrap_ci(values, level: float = 0.95, resamples: int = 2000, seed: int =
     return float(low), float(high)
 
 
-# Each gradient method against its controls and against best-of-20: the comparisons that say whether the
-# gradient helps (``report.py --compare``).
-CONTROL_PAIRS = (
-    ("search_warm", "search_warm_reversed"), ("search_warm", "search_warm_random"), ("search_warm", "best_of_k"),
-    ("atp_st", "atp_st_reversed"), ("atp_st", "atp_st_random"), ("atp_st", "best_of_k"),
-    ("search", "search_reversed"), ("search", "search_random"), ("search", "best_of_k"),
-    ("paper", "best_of_k"), ("evolution", "best_of_k"),
-)
-
-
 def paired_comparisons(
-    records: Iterable[dict], pairs=CONTROL_PAIRS, metric: str = LOSS_METRIC, resamples: int = 2000, seed: int = 0
+    records: Iterable[dict], pairs=None, metric: str = LOSS_METRIC, resamples: int = 2000, seed: int = 0
 ) -> list[dict]:
     """For each ``(attack, other)`` recorded on common examples: the mean per-example difference of
     ``metric`` (attack − other) with its 95% bootstrap interval, and on how many examples it is higher.
-    The paired difference is the right test for a control: examples vary far more than attacks do."""
+    The paired difference is the right test for a control: examples vary far more than attacks do.
+
+    ``pairs`` defaults to ``presets.control_pairs`` of the recorded attacks: each gradient method against
+    its reversed / random-direction controls and against best-of-k, and evolution against best-of-k."""
+    records = list(records)
+    if pairs is None:
+        pairs = control_pairs(r["attack"] for r in records)
     values: dict[str, dict[str, float]] = defaultdict(dict)
     for r in records:
         if (v := metric_value(r, metric)) is not None:
@@ -406,23 +403,29 @@ def plot_scores(tables: list[ScoreTable], path: str | os.PathLike) -> None:
 
 # --------------------------------------------------------------------------- ablations
 
-_SWEEP = re.compile(r"(?P<base>[^@]+)@(?P<parameter>[A-Za-z_]+)=(?P<value>[^@=]+)")
+# A swept parameter -> the config fields it sets (λ sets λ_r and λ_c together).
+SWEPT_FIELDS = {"lambda": ("lambda_row", "lambda_col"), "n_attack": ("n_attack",), "lr": ("lr",)}
 
 
-def sweep_name(base: str, parameter: str, value: float) -> str:
-    """Attack name of one sweep point, e.g. ``paper@lambda=1``, ``paper@n_attack=40``."""
-    return f"{base}@{parameter}={value:g}"
+def sweep_overrides(parameter: str, value: float) -> dict:
+    """The config overrides of one sweep point (``ablate.py`` names the point ``canonical(base, **these)``)."""
+    return {field: value for field in SWEPT_FIELDS[parameter]}
 
 
-def parse_sweep_name(name: str) -> tuple[str, str, float] | None:
-    """``(base, parameter, value)`` of a sweep attack name, None for any other name."""
-    match = _SWEEP.fullmatch(name)
-    if match is None:
-        return None
+def sweep_value(name: str, parameter: str) -> float | None:
+    """The swept ``parameter``'s value in attack spec ``name``, or None when ``name`` is not a point of that
+    sweep (it changes other fields of its preset, or is not a spec at all)."""
     try:
-        return match["base"], match["parameter"], float(match["value"])
+        config = preset(name)
     except ValueError:
         return None
+    base = PRESETS[name.partition("@")[0]]
+    fields = SWEPT_FIELDS[parameter]
+    if not all(hasattr(config, f) for f in fields):
+        return None
+    changed = {f.name for f in dataclasses.fields(config) if getattr(config, f.name) != getattr(base, f.name)}
+    values = {getattr(config, f) for f in fields}
+    return float(values.pop()) if changed <= set(fields) and len(values) == 1 else None
 
 
 def sweep_rows(records: Iterable[dict], parameter: str, metric: str | None = None) -> list[dict]:
@@ -431,9 +434,9 @@ def sweep_rows(records: Iterable[dict], parameter: str, metric: str | None = Non
     records = [r for r in records if "skipped" not in r]
     points: dict[float, list[dict]] = defaultdict(list)
     for r in records:
-        parsed = parse_sweep_name(r["attack"])
-        if parsed is not None and parsed[1] == parameter:
-            points[parsed[2]].append(r)
+        value = sweep_value(r["attack"], parameter)
+        if value is not None:
+            points[value].append(r)
     if metric is None:
         metric = next((m for m in SCORE_METRICS if m in available_metrics(records)), None)
     rows = []
