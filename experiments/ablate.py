@@ -16,7 +16,6 @@ the line plot ``OUTPUT_DIR/ablation.png``. ``report.py --results OUTPUT_DIR/lamb
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import sys
 from pathlib import Path
@@ -28,11 +27,12 @@ from tqdm import tqdm
 import atp_jax
 from atp_jax.attack.presets import PRESETS, canonical, one_option_changes, preset
 from atp_jax.distributed import maybe_initialize
-from atp_jax.eval.experiment import environment, manifest_path, results_path, run_one
-from atp_jax.eval.records import append_record, done_keys
+from atp_jax.eval.experiment import environment, run_one
 from atp_jax.eval.report import (
     markdown_table, merge_records, option_rows, plot_sweeps, results_files, sweep_overrides, sweep_rows,
 )
+from atp_jax.runs.fingerprints import dataset_fingerprint, model_fingerprint
+from atp_jax.runs.manifest import ManifestMismatch, ResultsFolder, provenance
 from atp_jax.tables.linearize import STYLES
 from atp_jax.tables.prompt import PromptStyle
 
@@ -51,6 +51,8 @@ flags.DEFINE_integer("seed", 0, "Seed of every attack.")
 flags.DEFINE_integer("max_new_tokens", 32, "Generation budget for the answer under the chosen order.")
 flags.DEFINE_bool("generate", True, "Generate and score the model's answer under each chosen order.")
 flags.DEFINE_string("output_dir", "results/ablation", "Where the sweep folders, ablation.md and ablation.png go.")
+flags.DEFINE_bool("restart", False, "Set aside (rename) sweep folders recorded under another model, dataset, style "
+                  "or seed and start over; without it such a resume is refused.")
 FLAGS = flags.FLAGS
 
 
@@ -112,23 +114,25 @@ def main(argv):
     process_count = jax_count if FLAGS.process_count is None else FLAGS.process_count
     out = Path(FLAGS.output_dir)
 
-    model = atp_jax.load_model(FLAGS.model)
     style = PromptStyle(linearization=FLAGS.style)
     examples = selection.examples(process_index, process_count)
-    results, done = {}, set()
-    for parameter, configs in sweeps.items():
-        folder = out / parameter
-        folder.mkdir(parents=True, exist_ok=True)
-        manifest = {
-            "model": model.name, "model_source": model.source, "dataset": FLAGS.dataset, "split": FLAGS.split,
-            "style": dataclasses.asdict(style), "sweep": parameter, "base_attack": FLAGS.attack,
-            "attacks": {k: v.as_dict() for k, v in configs.items()}, "examples": len(examples),
-            "seed": FLAGS.seed, **environment(), "process_index": process_index, "process_count": process_count,
-            "argv": sys.argv,
-        }
-        manifest_path(folder, process_index, process_count).write_text(json.dumps(manifest, indent=2))
-        results[parameter] = results_path(folder, process_index, process_count)
-        done |= {(parameter, *key) for key in done_keys([results[parameter]])}
+    if not examples:
+        sys.exit(f"--dataset {FLAGS.dataset}: no examples selected; loosen --num_examples/--max_rows/--max_cols")
+    folders, done = {}, set()
+    try:
+        identity = {**model_fingerprint(FLAGS.model), **dataset_fingerprint(FLAGS.dataset, FLAGS.split, FLAGS.data_dir),
+                    "style": dataclasses.asdict(style), "seed": FLAGS.seed, "generate": FLAGS.generate,
+                    "max_new_tokens": FLAGS.max_new_tokens}
+        for parameter, configs in sweeps.items():
+            folders[parameter] = ResultsFolder(out / parameter, process_index, process_count)
+            folders[parameter].begin({**identity, "sweep": parameter, "base_attack": FLAGS.attack},
+                                     {k: v.as_dict() for k, v in configs.items()}, provenance(sys.argv),
+                                     flags_text=FLAGS.flags_into_string(), restart=FLAGS.restart,
+                                     extra={"examples": len(examples), **environment()})
+            done |= {(parameter, *key) for key in folders[parameter].done_keys()}
+    except (ManifestMismatch, ValueError) as e:
+        sys.exit(str(e))
+    model = atp_jax.load_model(FLAGS.model)
 
     points = [(p, name) for p, configs in sweeps.items() for name in configs]
     todo = [(ex, p, n) for ex in examples for p, n in points if (p, ex.id, n) not in done]
@@ -141,7 +145,7 @@ def main(argv):
                 continue
             record = run_one(model, example, name, sweeps[parameter][name], style, problems=problems,
                              generate=FLAGS.generate, max_new_tokens=FLAGS.max_new_tokens)
-            append_record(results[parameter], record)
+            folders[parameter].append(record)
             bar.update()
     bar.close()
 

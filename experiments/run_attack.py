@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import json
 import os
 import sys
 import tempfile
@@ -27,13 +26,15 @@ from tqdm import tqdm
 import atp_jax
 from atp_jax.attack.presets import ATTACK_GROUPS, PRESETS, attack_names, canonical, preset
 from atp_jax.distributed import maybe_initialize
-from atp_jax.eval.experiment import environment, manifest_path, results_path, run_one
+from atp_jax.eval.experiment import environment, run_one
 from atp_jax.eval.judge import ModelJudge, OpenAICompatibleJudge
-from atp_jax.eval.records import append_record, done_keys, read_records
+from atp_jax.eval.records import read_records
 from atp_jax.eval.report import defense_table, markdown_table, summarize
 from atp_jax.eval.scoring import METRICS, Scorer
 from atp_jax.eval.smoothing import SmoothingConfig
 from atp_jax.models.loading import DEFAULT_MODEL
+from atp_jax.runs.fingerprints import dataset_fingerprint, model_fingerprint
+from atp_jax.runs.manifest import ManifestMismatch, ResultsFolder, provenance
 from atp_jax.tables.linearize import STYLES
 from atp_jax.tables.prompt import PromptStyle
 
@@ -63,7 +64,10 @@ flags.DEFINE_string("judge_model", None, "The 'judge' metric with a local model:
 flags.DEFINE_string("judge_url", None, "The 'judge' metric from an OpenAI-compatible server, e.g. http://host:8000.")
 flags.DEFINE_string("judge_name", "judge", "The model name sent to --judge_url.")
 flags.DEFINE_string("judge_api_key_env", "OPENAI_API_KEY", "Environment variable holding --judge_url's API key.")
-flags.DEFINE_string("output_dir", "results/demo", "Where results.jsonl and run.json go.")
+flags.DEFINE_string("output_dir", "results/demo", "Where results.jsonl, run.json and flags.txt go.")
+flags.DEFINE_bool("restart", False, "When --output_dir holds records of another model, dataset, style, seed or "
+                  "attack configuration: set them aside (renamed, never deleted) and start over. Without it such a "
+                  "resume is refused.")
 FLAGS = flags.FLAGS
 
 _FIELD_FLAGS = ("n_attack", "lambda_row", "lambda_col", "restarts")  # applied to the attacks that have the field
@@ -171,8 +175,27 @@ def main(argv):
     # Everything a user can get wrong is checked here, before a model is loaded.
     judge_url = _judge_from_url()
     out = _writable_folder(Path(FLAGS.output_dir))
-    results = results_path(out, process_index, process_count)
+    folder = ResultsFolder(out, process_index, process_count)
     examples = selection.examples(process_index, process_count)
+    if not examples:
+        sys.exit(f"--dataset {FLAGS.dataset}: no examples selected (--num_examples {FLAGS.num_examples}, --max_rows "
+                 f"{FLAGS.max_rows}, --max_cols {FLAGS.max_cols}, --filter_order_sensitive "
+                 f"{FLAGS.filter_order_sensitive}); loosen the selection")
+    style = PromptStyle(linearization=FLAGS.style)
+    configs = _configs(attacks)
+    try:
+        identity = {
+            **model_fingerprint(FLAGS.model), **dataset_fingerprint(FLAGS.dataset, FLAGS.split, FLAGS.data_dir),
+            "style": dataclasses.asdict(style), "seed": FLAGS.seed, "metrics": FLAGS.metrics,
+            "judge": FLAGS.judge_model or (FLAGS.judge_url and f"{FLAGS.judge_name} at {FLAGS.judge_url}"),
+            "generate": FLAGS.generate, "max_new_tokens": FLAGS.max_new_tokens,
+            "smoothing": None if smoothing is None else {**dataclasses.asdict(smoothing), "ks": list(smoothing_ks)},
+        }
+        folder.begin(identity, {k: v.as_dict() for k, v in configs.items()}, provenance(sys.argv),
+                     flags_text=FLAGS.flags_into_string(), restart=FLAGS.restart,
+                     extra={"examples": len(examples), **environment()})
+    except (ManifestMismatch, ValueError) as e:
+        sys.exit(str(e))
 
     model = atp_jax.load_model(FLAGS.model)
     judge = judge_url
@@ -180,20 +203,8 @@ def main(argv):
         same = FLAGS.judge_model == FLAGS.model
         judge = ModelJudge.from_model(model if same else atp_jax.load_model(FLAGS.judge_model))
     scorer = Scorer(tuple(FLAGS.metrics), judge)
-    style = PromptStyle(linearization=FLAGS.style)
-    configs = _configs(attacks)
-    manifest = {
-        "model": model.name, "model_source": model.source, "dataset": FLAGS.dataset, "split": FLAGS.split,
-        "style": dataclasses.asdict(style), "attacks": {k: v.as_dict() for k, v in configs.items()},
-        "examples": len(examples), "seed": FLAGS.seed, "metrics": FLAGS.metrics,
-        "judge": FLAGS.judge_model or (FLAGS.judge_url and f"{FLAGS.judge_name} at {FLAGS.judge_url}"),
-        "smoothing": None if smoothing is None else {**dataclasses.asdict(smoothing), "ks": list(smoothing_ks)},
-        **environment(),
-        "process_index": process_index, "process_count": process_count, "argv": sys.argv,
-    }
-    manifest_path(out, process_index, process_count).write_text(json.dumps(manifest, indent=2))
 
-    done = done_keys([results])
+    done = folder.done_keys()
     todo = [(ex, name) for ex in examples for name in configs if (ex.id, name) not in done]
     print(f"{len(examples)} examples x {len(configs)} attacks: {len(done)} recorded, {len(todo)} to run")
     bar = tqdm(total=len(todo), desc="attacking")
@@ -206,11 +217,11 @@ def main(argv):
             record = run_one(model, example, name, config, style, problems=problems, generate=FLAGS.generate,
                              max_new_tokens=FLAGS.max_new_tokens, smoothing=smoothing,
                              smoothing_ks=smoothing_ks or None, scorer=scorer)
-            append_record(results, record)
+            folder.append(record)
             bar.set_postfix(_running_means(record, running), refresh=False)
             bar.update()
     bar.close()
-    records = [r for r in read_records(results) if "skipped" not in r]
+    records = [r for r in read_records(folder.results_file) if "skipped" not in r]
     print(markdown_table(summarize(records)))
     if any(r.get("defended") for r in records):
         print(defense_table(records))

@@ -1,0 +1,1 @@
+"""Runs: results folders, their manifests and the records they hold (above attacks and eval)."""

@@ -1,0 +1,104 @@
+"""Results folders refuse to mix: a resume whose model, dataset, style, seed or attack configuration
+differs from the folder's manifest stops with a message naming the difference; ``--flagfile`` replays a run."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from atp_jax.runs.fingerprints import dataset_fingerprint, model_fingerprint
+from atp_jax.runs.manifest import ManifestMismatch, ResultsFolder
+
+REPO = Path(__file__).resolve().parents[1]
+TIMING = ("seconds", "generate_seconds")
+
+IDENTITY = {"model": "m", "model_sha256": "a" * 64, "dataset": "sample", "split": "dev", "dataset_sha256": "b" * 64,
+            "style": {"linearization": "markdown"}, "seed": 0, "metrics": ["auto"]}
+ATTACKS = {"vanilla": {"method": "vanilla", "mode": "joint", "objective": "ce", "seed": 0}}
+
+
+def _folder_with_a_record(tmp_path) -> ResultsFolder:
+    folder = ResultsFolder(tmp_path / "run")
+    folder.begin(IDENTITY, ATTACKS, {"argv": ["first"]})
+    folder.append({"id": "e1", "attack": "vanilla", "answer_loss": 1.0})
+    return folder
+
+
+@pytest.mark.parametrize("key, value", [("model", "other"), ("model_sha256", "c" * 64), ("dataset", "wtq"),
+                                        ("dataset_sha256", "d" * 64), ("style", {"linearization": "csv"}),
+                                        ("seed", 1), ("metrics", ["judge"])])
+def test_a_resume_under_another_identity_is_refused_naming_the_difference(tmp_path, key, value):
+    folder = _folder_with_a_record(tmp_path)
+    with pytest.raises(ManifestMismatch, match=rf"(?s){key.split('_')[0]}.*recorded.*this run.*--restart"):
+        folder.begin({**IDENTITY, key: value}, ATTACKS, {"argv": ["second"]})
+    assert folder.done_keys() == {("e1", "vanilla")}  # nothing was touched
+
+
+def test_attacks_may_be_added_but_never_redefined(tmp_path):
+    folder = _folder_with_a_record(tmp_path)
+    more = {**ATTACKS, "best_of_k": {"method": "best_of_k", "k": 20}}
+    manifest = folder.begin(IDENTITY, more, {"argv": ["second"]})
+    assert set(manifest["attacks"]) == {"vanilla", "best_of_k"} and len(manifest["provenance"]) == 2
+    with pytest.raises(ManifestMismatch, match="attack best_of_k: recorded"):
+        folder.begin(IDENTITY, {"best_of_k": {"method": "best_of_k", "k": 5}}, {"argv": ["third"]})
+
+
+def test_restart_sets_the_old_records_aside(tmp_path):
+    folder = _folder_with_a_record(tmp_path)
+    folder.begin({**IDENTITY, "seed": 1}, ATTACKS, {"argv": ["second"]}, restart=True)
+    assert folder.done_keys() == set()
+    kept = sorted(p.name.split(".replaced-")[0] for p in folder.path.iterdir() if ".replaced-" in p.name)
+    assert kept == ["results.jsonl", "run.json"]
+    assert json.loads(folder.manifest_file.read_text())["seed"] == 1
+
+
+def test_records_without_a_current_manifest_are_refused(tmp_path):
+    folder = ResultsFolder(tmp_path / "old")
+    folder.path.mkdir()
+    folder.manifest_file.write_text(json.dumps({"model": "m"}))  # a manifest of an older version
+    folder.append({"id": "e1", "attack": "vanilla"})
+    with pytest.raises(ManifestMismatch, match="without a version-2 manifest"):
+        folder.begin(IDENTITY, ATTACKS, {})
+
+
+def test_fingerprints_name_the_files_not_their_location(tmp_path, tiny_checkpoint):
+    sample = dataset_fingerprint("sample")
+    copy = tmp_path / "copy.jsonl"
+    copy.write_bytes((REPO / "atp_jax" / "data" / "wtq_sample.jsonl").read_bytes())
+    assert dataset_fingerprint(str(copy))["dataset_sha256"] == sample["dataset_sha256"]
+    assert model_fingerprint(str(tiny_checkpoint))["model_sha256"] == model_fingerprint(str(tiny_checkpoint))[
+        "model_sha256"]
+    assert len(model_fingerprint("smollm2-135m-instruct")["model_sha256"]) == 64
+    with pytest.raises(ValueError, match="not a zoo name"):
+        model_fingerprint(str(tmp_path / "missing.gguf"))
+
+
+def _run(args, timeout=600):
+    env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2")
+    return subprocess.run([sys.executable, "experiments/run_attack.py", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def _records(folder: Path) -> list[dict]:
+    lines = (folder / "results.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(line).items() if k not in TIMING} for line in lines]
+
+
+def test_the_binary_refuses_a_mixed_resume_and_replays_its_flagfile(tiny_checkpoint, tmp_path):
+    out = tmp_path / "run"
+    base = ["--model", str(tiny_checkpoint), "--dataset", "sample", "--num_examples", "1", "--nogenerate",
+            "--attacks", "vanilla,row_reverse,best_of_k@k=3"]
+    first = _run([*base, "--output_dir", str(out)])
+    assert first.returncode == 0, first.stderr[-3000:]
+    for change, named in ((["--style", "csv"], "style.linearization"), (["--seed", "1"], "seed"),
+                          (["--model", "smollm2-135m-instruct"], "model")):
+        refused = _run([*base, *change, "--output_dir", str(out)])
+        assert refused.returncode != 0 and named in refused.stderr and "--restart" in refused.stderr, refused.stderr
+    again = _run([*base, "--output_dir", str(out)])
+    assert "1 examples x 3 attacks: 3 recorded, 0 to run" in again.stdout
+    replay = _run(["--flagfile", str(out / "flags.txt"), "--output_dir", str(tmp_path / "replay")])
+    assert replay.returncode == 0, replay.stderr[-3000:]
+    assert _records(tmp_path / "replay") == _records(out)
