@@ -180,6 +180,7 @@ def main(argv):
         "style": dataclasses.asdict(style), "attacks": {k: dataclasses.asdict(v) for k, v in configs.items()},
         "examples": len(examples), "seed": FLAGS.seed, "metrics": FLAGS.metrics,
         "judge": FLAGS.judge_model or (FLAGS.judge_url and f"{FLAGS.judge_name} at {FLAGS.judge_url}"),
+        "judge_prompt": judge.prompt.summary() if judge is not None else None,
         "smoothing": None if smoothing is None else {**dataclasses.asdict(smoothing), "ks": list(smoothing_ks)},
         **environment(),
         "process_index": process_index, "process_count": process_count, "argv": sys.argv,
