@@ -383,8 +383,7 @@ def test_no_request_outlives_its_deadline(step):
             outcomes = list(pool.map(timed, range(3)))
     for result, seconds in outcomes:
         assert result.error.startswith("deadline_exceeded") and result.status is None and result.attempts == 1
-        assert DEADLINE - 0.05 <= seconds < DEADLINE + MARGIN
-        assert abs(result.seconds - seconds) < 0.05
+        assert DEADLINE - 0.05 <= result.seconds <= seconds < DEADLINE + MARGIN  # its own clock agrees
 
 
 def test_a_server_that_recovers_within_the_deadline_is_waited_for():
