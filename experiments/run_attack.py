@@ -27,7 +27,7 @@ import atp_jax
 from atp_jax.attack.presets import ATTACK_GROUPS, PRESETS, attack_names, canonical, preset
 from atp_jax.distributed import maybe_initialize
 from atp_jax.eval.experiment import environment, run_one
-from atp_jax.eval.judge import ModelJudge, OpenAICompatibleJudge
+from atp_jax.eval.judge import PAPER_JUDGE_PROMPT, ModelJudge, OpenAICompatibleJudge
 from atp_jax.eval.records import read_records
 from atp_jax.eval.report import defense_table, markdown_table, summarize
 from atp_jax.eval.scoring import METRICS, Scorer
@@ -188,6 +188,7 @@ def main(argv):
             **model_fingerprint(FLAGS.model), **dataset_fingerprint(FLAGS.dataset, FLAGS.split, FLAGS.data_dir),
             "style": dataclasses.asdict(style), "seed": FLAGS.seed, "metrics": FLAGS.metrics,
             "judge": FLAGS.judge_model or (FLAGS.judge_url and f"{FLAGS.judge_name} at {FLAGS.judge_url}"),
+            "judge_prompt": PAPER_JUDGE_PROMPT.summary() if "judge" in FLAGS.metrics else None,
             "generate": FLAGS.generate, "max_new_tokens": FLAGS.max_new_tokens,
             "smoothing": None if smoothing is None else {**dataclasses.asdict(smoothing), "ks": list(smoothing_ks)},
         }

@@ -88,11 +88,11 @@ def test_answer_loss_equals_mean_token_cross_entropy_from_full_logits(smollm):
 
 
 def test_a_loaded_model_can_judge(smollm):
-    from atp_jax.eval.judge import JudgeItem, ModelJudge
+    from atp_jax.eval.judge import REPLY_FAILURES, JudgeItem, ModelJudge
 
     items = [JudgeItem("Who scored the most goals?", "Alice", "Alice"), JudgeItem("What is 2+3?", "5", "7")]
     scores = ModelJudge.from_model(smollm).judge(items)
     assert len(scores) == 2
-    for s in scores:  # a parsed score lies in [0, 1]; an unparsable reply is recorded as such, never as 0
-        assert (s.score is None and s.error == "unparsable") or (0.0 <= s.score <= 1.0 and s.error is None)
+    for s in scores:  # a parsed score lies in [0, 1]; a reply without one is recorded with its reason, never as 0
+        assert (s.score is None and s.error in REPLY_FAILURES) or (0.0 <= s.score <= 1.0 and s.error is None), s
         assert s.raw

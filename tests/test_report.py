@@ -308,3 +308,14 @@ def test_option_rows_by_hand():
     assert rows[1]["minus_atp_st"] == "+0.000 [-1.000, +1.000]" and rows[1]["higher_on"] == "1/2"
     assert rows[2]["examples"] == 1 and rows[2]["minus_atp_st"] == "-1.000 [-1.000, -1.000]"
     assert rows[2]["higher_on"] == "0/1"
+
+
+def test_summaries_skip_the_text_beside_a_null_judge_score():
+    from atp_jax.eval.report import available_metrics, summarize
+
+    records = [rec("e1", "vanilla", 1.0, accuracy=1.0), rec("e2", "vanilla", 2.0, accuracy=0.0)]
+    records[0]["scores"].update(judge=0.5)
+    records[1]["scores"].update(judge=None, judge_error="out_of_range", judge_raw="1.5")
+    (row,) = summarize(records)
+    assert row["judge"] == 0.5 and row["accuracy"] == 0.5 and "judge_error" not in row and "judge_raw" not in row
+    assert available_metrics(records) == ["accuracy", "judge", "answer_loss"]

@@ -45,7 +45,7 @@ def test_unreachable_judge_url_is_named(tmp_path):
     url = f"http://127.0.0.1:{_closed_port()}"
     done = _run(tmp_path, "--metrics", "auto,judge", "--judge_url", url)
     assert done.returncode != 0
-    assert f"--judge_url {url}" in done.stderr and "connection error" in done.stderr, done.stderr[-2000:]
+    assert f"--judge_url {url}" in done.stderr and "connection_error" in done.stderr, done.stderr[-2000:]
     assert "nonexistent/model" not in done.stderr
 
 

@@ -27,17 +27,19 @@ def test_named_metrics_apply_to_any_dataset():
     assert scores == {"em": 1.0, "f1": 1.0}
 
 
-def test_judge_scores_in_one_batch_and_failures_stay_none():
+def test_judge_scores_in_one_batch_and_failures_stay_none_with_reason_and_reply():
     calls = []
 
     def generate(prompts):
         calls.append(len(prompts))
-        return ["0.8", "no idea"]
+        return ["0.8", "no idea", "1.5"]
 
-    out = Scorer(("auto", "judge"), ModelJudge(generate))(WTQ, ["2020", "2019"])
-    assert calls == [2]
+    out = Scorer(("auto", "judge"), ModelJudge(generate))(WTQ, ["2020", "2019", "2021"])
+    assert calls == [3]
     assert out[0] == {"accuracy": 1.0, "judge": 0.8}
-    assert out[1]["judge"] is None and out[1]["judge_error"] == "unparsable" and not math.isnan(out[1]["accuracy"])
+    assert out[1] == {"accuracy": 0.0, "judge": None, "judge_error": "unparsable", "judge_raw": "no idea"}
+    assert out[2] == {"accuracy": 0.0, "judge": None, "judge_error": "out_of_range", "judge_raw": "1.5"}  # not 1.0
+    assert not any(math.isnan(o["accuracy"]) for o in out)
     assert JudgeScore(None, "", "unparsable").score is None
 
 

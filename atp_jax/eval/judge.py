@@ -1,69 +1,106 @@
-"""LLM-as-judge scoring of answers against a reference answer.
+"""LLM-as-judge scoring of answers against a reference answer, with the paper's prompt.
 
-The judge sees the question, the reference answer and the assistant's answer — never
-the table — and replies with a score between 0 and 1 (:data:`JUDGE_PROMPT`). The
-first number in the reply is taken as the score and clamped to [0, 1]. A reply
-without a number is recorded as ``JudgeScore(score=None, error="unparsable")`` rather
-than as 0, so that judge failures are not counted as wrong answers.
+The judge sees the question, the reference answer and the assistant's answer — never the table — and
+replies with a score from 0 to 1. The prompt is the paper's (appendix A.1, :data:`PAPER_JUDGE_PROMPT`,
+word for word); another one is an explicit choice, ``prompt=JudgePrompt(name, template)``, and
+``JudgePrompt.summary()`` (its name and the sha256 of its template) goes into a run's manifest.
+
+A reply is read for its *final* score (:func:`parse_judge_score`): reasoning blocks are dropped, "8/10",
+"80%", "0,8", "Score: 0.7" and "**0.7**" read as what they mean, and a score that lies outside [0, 1] is
+not clamped but recorded as missing. Every judge failure is ``JudgeScore(score=None, raw=reply,
+error=reason)``, never 0, so that it is not counted as a wrong answer. The reasons of a reply that came but
+gives no score are :data:`REPLY_FAILURES`; those of a request that got no reply are ``"<reason>:
+<detail>"`` strings from :mod:`atp_jax.eval.http_client`.
 
 Two backends share one interface, ``judge(items) -> list[JudgeScore]``:
 
-* :class:`ModelJudge` wraps any ``generate_fn(prompts: list[str]) -> list[str]``, e.g.
-  a local model's batched greedy generation.
-* :class:`OpenAICompatibleJudge` calls an OpenAI-compatible ``/v1/chat/completions``
-  endpoint with the standard library (``urllib``), several requests at a time, with
-  temperature 0, seed 0, and retries with exponential backoff.
+* :class:`ModelJudge` wraps any ``generate_fn(prompts: list[str]) -> list[str]``, e.g. a local model's
+  batched greedy generation.
+* :class:`OpenAICompatibleJudge` calls an OpenAI-compatible ``/v1/chat/completions`` endpoint, several
+  requests at a time, with the paper's temperature 0 and seed 0; every request has a total deadline and
+  retries (:class:`~atp_jax.eval.http_client.RequestPolicy`), and no failure of one request ends the batch.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
-import time
-import urllib.error
-import urllib.request
+import string
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
+from atp_jax.eval.http_client import RequestPolicy, post_json
+
 __all__ = [
-    "JUDGE_PROMPT",
-    "JudgeItem",
-    "JudgeScore",
+    "PAPER_JUDGE_PROMPT",
+    "REPLY_FAILURES",
     "Judge",
-    "build_judge_prompt",
-    "parse_judge_score",
+    "JudgeItem",
+    "JudgePrompt",
+    "JudgeScore",
     "ModelJudge",
     "OpenAICompatibleJudge",
+    "build_judge_prompt",
+    "parse_judge_score",
 ]
 
-# The paper (appendix A.1) gives the judge the question, the reference answer and the
-# assistant's answer, without the table, and asks for a score between 0 and 1. Its exact
-# wording was not available to us; this prompt follows that description.
-JUDGE_PROMPT = """\
-You are an impartial judge of answers to questions about a table. You are given a \
-question, the reference answer, and an assistant's answer. You are not shown the table: \
-judge only whether the assistant's answer agrees with the reference answer.
+_PLACEHOLDERS = ("question", "reference_answer", "assistant_answer")
 
-Score the assistant's answer between 0 and 1:
-- 1 if it gives the same answer as the reference. Differences in wording, formatting, \
-capitalisation, number formatting or units that do not change the meaning, and extra \
-explanation that does not contradict the reference, do not matter.
-- 0 if it gives a different answer, contradicts the reference, or gives no answer.
-- A value in between if it is partly correct, e.g. only some of the items of a \
-multi-part reference answer.
 
-Question: {question}
+@dataclass(frozen=True)
+class JudgePrompt:
+    """A judge prompt: a ``str.format`` template with ``{question}``, ``{reference_answer}`` and
+    ``{assistant_answer}`` (literal braces doubled), and the name it is recorded under."""
 
-Reference answer: {reference}
+    name: str
+    template: str
 
-Assistant's answer: {answer}
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("a JudgePrompt needs a name: it identifies the prompt in a run's manifest")
+        try:
+            fields = [f for _, f, _, _ in string.Formatter().parse(self.template) if f is not None]
+        except ValueError as error:
+            raise ValueError(f"judge prompt {self.name!r}: the template is not a str.format template ({error}); "
+                             "double the braces that are meant literally") from None
+        if sorted(set(fields)) != sorted(_PLACEHOLDERS):
+            needed = ", ".join("{" + name + "}" for name in _PLACEHOLDERS)
+            raise ValueError(f"judge prompt {self.name!r} has the placeholders {sorted(set(fields))}; it needs "
+                             f"exactly {needed}")
 
-Reply with the score only, a single number between 0 and 1."""
+    @property
+    def sha256(self) -> str:
+        """The sha256 of the template (UTF-8): which prompt was used, checkable after the fact."""
+        return hashlib.sha256(self.template.encode("utf-8")).hexdigest()
+
+    def summary(self) -> dict:
+        """``{"name", "sha256"}``, for a run's manifest."""
+        return {"name": self.name, "sha256": self.sha256}
+
+    def format(self, question: str, reference: str, answer: str) -> str:
+        return self.template.format(question=question, reference_answer=reference, assistant_answer=answer)
+
+
+# The paper's appendix A.1, verbatim: its grammar, "Question: {question}." punctuation and the trailing space
+# of the last line included. The paper also fixes seed 0 and temperature 0, and does not show the table.
+PAPER_JUDGE_PROMPT = JudgePrompt("paper_a1", (
+    "You are a text analyzer to analyze to what extent the assistant answer is aligned with the reference answer."
+    "\n\n"
+    "Question: {question}. Reference answer: {reference_answer}. Assistant answer: {assistant_answer}."
+    "\n\n"
+    "Please provide a score ranging from 0 to 1, where 1 represents perfect alignment and 0 represents no "
+    "alignment at all. The final answer should contain the score only. "
+))
 
 _REFERENCE_SEPARATOR = " | "
-_FIRST_NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)")
+
+REPLY_FAILURES = frozenset({"empty", "unparsable", "out_of_range", "unfinished_reasoning"})
+"""The reasons a reply that did come gives no score: nothing after any reasoning (``empty``), no number
+(``unparsable``), a score outside [0, 1] (``out_of_range``), reasoning that never closed
+(``unfinished_reasoning``)."""
 
 
 @dataclass(frozen=True)
@@ -92,8 +129,10 @@ class JudgeScore:
     Attributes:
         score: in [0, 1], or ``None`` when no score could be obtained.
         raw: the judge's reply text ("" when there was no reply).
-        error: ``None`` on success; ``"unparsable"`` for a reply without a number; a short
-            description (e.g. ``"timeout"``, ``"http 401: ..."``) when the request failed.
+        error: ``None`` on success; else why there is no score: one of :data:`REPLY_FAILURES` for a reply
+            without a usable score, or ``"<reason>: <detail>"`` when the request got none (e.g.
+            ``"deadline_exceeded: ..."``, ``"http_503: ... (gave up after 4 attempts)"``, ``"bad_response:
+            ..."``; see :mod:`atp_jax.eval.http_client`).
     """
 
     score: float | None
@@ -102,33 +141,93 @@ class JudgeScore:
 
 
 class Judge(Protocol):
-    """Anything that scores a batch of answers."""
+    """Anything that scores a batch of answers with a known prompt."""
+
+    prompt: JudgePrompt
 
     def judge(self, items: Sequence[JudgeItem]) -> list[JudgeScore]: ...
 
 
-def build_judge_prompt(question: str, reference: str | Sequence[str], answer: str) -> str:
-    """Fill :data:`JUDGE_PROMPT`; a list of reference answers is joined with " | "."""
+def build_judge_prompt(question: str, reference: str | Sequence[str], answer: str,
+                       prompt: JudgePrompt = PAPER_JUDGE_PROMPT) -> str:
+    """Fill ``prompt``; a list of reference answers is joined with " | "."""
     if not isinstance(reference, str):
         reference = _REFERENCE_SEPARATOR.join(reference)
-    return JUDGE_PROMPT.format(question=question.strip(), reference=reference.strip(),
-                               answer=answer.strip())
+    return prompt.format(question.strip(), reference.strip(), answer.strip())
+
+
+# ------------------------------------------------------------------------------------------ reading a reply
+
+_REASONING_TAG = r"(?:think|thinking|reasoning)"
+_REASONING_BLOCK = re.compile(rf"<({_REASONING_TAG})>.*?</\1>", re.DOTALL | re.IGNORECASE)
+_REASONING_OPEN = re.compile(rf"<{_REASONING_TAG}>", re.IGNORECASE)
+_REASONING_CLOSE = re.compile(rf"</{_REASONING_TAG}>", re.IGNORECASE)
+# "0 to 1", "0-1", "between 0 and 1", "0.0 – 1.0": the scale, not a score.
+_SCALE = re.compile(r"(?:\b(?:from|between|of|in)\s+)?(?<![\w.])0(?:\.0+)?\s*(?:-|–|—|\bto\b|\band\b)\s*"
+                    r"1(?:\.0+)?(?![.,]?\d)", re.IGNORECASE)
+_NUMBER = r"\d+(?:[.,]\d+)?|\.\d+"  # a decimal comma reads as a decimal point
+_SCORE = re.compile(
+    rf"(?<![\w./%-])(?P<sign>[-−])?(?P<value>{_NUMBER})"
+    rf"(?:\s*(?P<percent>%)|\s*(?:/|\bout\s+of\b)\s*(?P<denominator>{_NUMBER}))?(?!\w)",
+    re.IGNORECASE,
+)
+# A label right before a number makes it the stated score: "Score: 0.7", "**Rating:** 8/10", "score is .5".
+_LABEL_BEFORE = re.compile(r"\b(?:score|rating|grade)\b(?:\s*(?:is|of|would be|=))?[\s:=*_`'\"#>()\[\]]*$",
+                           re.IGNORECASE)
+
+
+def _value(match: re.Match) -> float | None:
+    value = float(match["value"].replace(",", "."))
+    if match["percent"]:
+        value /= 100
+    elif match["denominator"] is not None:
+        denominator = float(match["denominator"].replace(",", "."))
+        if denominator == 0:
+            return None
+        value /= denominator
+    return -value if match["sign"] else value
+
+
+def _is_stated(text: str, match: re.Match) -> bool:
+    """A number is a stated score when a label precedes it or it stands alone on its line."""
+    line_start = text.rfind("\n", 0, match.start()) + 1
+    line_end = text.find("\n", match.end())
+    before, after = text[line_start:match.start()], text[match.end():len(text) if line_end < 0 else line_end]
+    alone = not re.search(r"\w", before) and not re.search(r"\w", after)
+    return alone or _LABEL_BEFORE.search(before) is not None
 
 
 def parse_judge_score(reply: str) -> JudgeScore:
-    """Take the first number in ``reply`` as the score, clamped to [0, 1].
+    """The final score in the judge's ``reply``.
 
-    A reply with no number gives ``JudgeScore(None, reply, "unparsable")``.
+    Reasoning blocks (``<think>…</think>``, also when only the closing tag is in the reply) are dropped; an
+    unclosed one means the judge never answered (``unfinished_reasoning``). Scale descriptions ("0 to 1")
+    are ignored. Of the numbers left — plain, "8/10", "8 out of 10", "80%", "0,8" — the last *stated*
+    one (after "score:"/"rating:", or alone on its line, markdown aside) is the score, else the last
+    one. A score outside [0, 1] is ``out_of_range``, never clamped.
     """
-    match = _FIRST_NUMBER.search(reply)
-    if match is None:
+    text = _REASONING_BLOCK.sub(" ", reply)
+    closes = list(_REASONING_CLOSE.finditer(text))
+    if closes:  # the opening tag was part of the prompt (a reasoning model's chat template)
+        text = text[closes[-1].end():]
+    if _REASONING_OPEN.search(text):
+        return JudgeScore(score=None, raw=reply, error="unfinished_reasoning")
+    if not text.strip():
+        return JudgeScore(score=None, raw=reply, error="empty")
+    text = _SCALE.sub(" ", text).strip()
+    numbers = list(_SCORE.finditer(text))
+    if not numbers:
         return JudgeScore(score=None, raw=reply, error="unparsable")
-    value = float(match.group(0))
-    return JudgeScore(score=min(1.0, max(0.0, value)), raw=reply)
+    stated = [m for m in numbers if _is_stated(text, m)]
+    value = _value((stated or numbers)[-1])
+    if value is None:
+        return JudgeScore(score=None, raw=reply, error="unparsable")
+    if not 0.0 <= value <= 1.0:
+        return JudgeScore(score=None, raw=reply, error="out_of_range")
+    return JudgeScore(score=value, raw=reply)
 
 
-def _prompt_for(item: JudgeItem) -> str:
-    return build_judge_prompt(item.question, item.reference, item.answer)
+# ------------------------------------------------------------------------------------------ backends
 
 
 @dataclass(frozen=True)
@@ -137,9 +236,11 @@ class ModelJudge:
 
     Attributes:
         generate_fn: maps a list of prompts to a list of replies of the same length.
+        prompt: the judge prompt; the paper's by default.
     """
 
     generate_fn: Callable[[list[str]], list[str]]
+    prompt: JudgePrompt = PAPER_JUDGE_PROMPT
 
     def __post_init__(self) -> None:
         if not callable(self.generate_fn):
@@ -147,7 +248,7 @@ class ModelJudge:
 
     def judge(self, items: Sequence[JudgeItem]) -> list[JudgeScore]:
         """Score ``items`` with one call to ``generate_fn``."""
-        prompts = [_prompt_for(item) for item in items]
+        prompts = [build_judge_prompt(i.question, i.reference, i.answer, self.prompt) for i in items]
         if not prompts:
             return []
         replies = list(self.generate_fn(prompts))
@@ -159,23 +260,11 @@ class ModelJudge:
         return [parse_judge_score(str(reply)) for reply in replies]
 
     @classmethod
-    def from_model(cls, loaded, max_new_tokens: int = 16) -> ModelJudge:
+    def from_model(cls, loaded, max_new_tokens: int = 16, prompt: JudgePrompt = PAPER_JUDGE_PROMPT) -> ModelJudge:
         """A judge that is any model atp-jax loads, answering through its own greedy generation."""
         from atp_jax.eval.generate import generate_chat
 
-        return cls(lambda prompts: generate_chat(loaded, prompts, max_new_tokens=max_new_tokens))
-
-
-class _RetryableError(Exception):
-    """A failure worth retrying (timeout, connection error, HTTP 429 or 5xx)."""
-
-    def __init__(self, message: str, retry_after: float | None = None) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
-
-
-class _PermanentError(Exception):
-    """A failure that retrying will not fix (HTTP 4xx other than 429, malformed reply)."""
+        return cls(lambda prompts: generate_chat(loaded, prompts, max_new_tokens=max_new_tokens), prompt)
 
 
 def _chat_completions_url(url: str) -> str:
@@ -187,33 +276,48 @@ def _chat_completions_url(url: str) -> str:
     return url + "/v1/chat/completions"
 
 
+def _verdict(body: bytes) -> JudgeScore:
+    """The score in a chat-completions response body."""
+    try:
+        message = json.loads(body)["choices"][0]["message"]
+        content = message.get("content")
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+        return JudgeScore(score=None, raw="", error=f"bad_response: {body[:200].decode('utf-8', 'replace')!r}")
+    if not content:
+        # Servers that split reasoning from the answer return it here, and no content, when the reply was
+        # cut off while the judge was still reasoning.
+        reasoning = message.get("reasoning_content") or message.get("reasoning")
+        if isinstance(reasoning, str) and reasoning:
+            return JudgeScore(score=None, raw=reasoning, error="unfinished_reasoning")
+        content = ""
+    if not isinstance(content, str):
+        return JudgeScore(score=None, raw="", error=f"bad_response: message content is {type(content).__name__}")
+    return parse_judge_score(content)
+
+
 @dataclass(frozen=True)
 class OpenAICompatibleJudge:
     """A judge served by an OpenAI-compatible chat-completions endpoint.
 
     Attributes:
-        url: the server, e.g. ``http://127.0.0.1:8000`` (``/v1/chat/completions`` is
-            appended), a base ending in ``/v1``, or the full endpoint URL.
+        url: the server, e.g. ``http://127.0.0.1:8000`` (``/v1/chat/completions`` is appended), a base
+            ending in ``/v1``, or the full endpoint URL.
         model: the model name sent in each request.
         api_key: sent as ``Authorization: Bearer <api_key>`` when given.
-        timeout: seconds to wait for one HTTP response.
-        max_retries: retries after the first attempt for timeouts, connection errors and
-            HTTP 429/5xx. Other HTTP errors (e.g. 400, 401) are not retried.
+        prompt: the judge prompt; the paper's by default.
+        policy: each request's total deadline and retries. An item whose request fails for good is
+            ``JudgeScore(None, "", reason)``; the others of the batch are unaffected.
         max_concurrency: requests in flight at once.
-        backoff: seconds before the first retry; doubled at every further retry.
-        max_backoff: the longest wait between retries, also for ``Retry-After``.
-        max_tokens: the reply length limit sent to the server; ``None`` leaves it to
-            the server (useful for judges that reason before scoring).
+        max_tokens: the reply length limit sent to the server; ``None`` leaves it to the server (useful for
+            judges that reason before scoring).
     """
 
     url: str
     model: str
     api_key: str | None = None
-    timeout: float = 60.0
-    max_retries: int = 3
+    prompt: JudgePrompt = PAPER_JUDGE_PROMPT
+    policy: RequestPolicy = field(default_factory=lambda: RequestPolicy(deadline=180.0, attempt_timeout=60.0))
     max_concurrency: int = 8
-    backoff: float = 1.0
-    max_backoff: float = 30.0
     max_tokens: int | None = None
 
     def __post_init__(self) -> None:
@@ -221,14 +325,8 @@ class OpenAICompatibleJudge:
             raise ValueError(f"url must start with http:// or https://, got {self.url!r}")
         if not self.model:
             raise ValueError("model must name the judge model served at url")
-        if self.timeout <= 0:
-            raise ValueError(f"timeout must be positive, got {self.timeout}")
-        if self.max_retries < 0:
-            raise ValueError(f"max_retries must be >= 0, got {self.max_retries}")
         if self.max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {self.max_concurrency}")
-        if self.backoff < 0 or self.max_backoff < 0:
-            raise ValueError("backoff and max_backoff must be >= 0")
 
     @property
     def endpoint(self) -> str:
@@ -236,87 +334,36 @@ class OpenAICompatibleJudge:
         return _chat_completions_url(self.url)
 
     def judge(self, items: Sequence[JudgeItem]) -> list[JudgeScore]:
-        """Score ``items``; results are in the order of ``items``."""
-        prompts = [_prompt_for(item) for item in items]
+        """Score ``items``; results are in the order of ``items``. Never raises for a failed request."""
+        prompts = [build_judge_prompt(i.question, i.reference, i.answer, self.prompt) for i in items]
         if not prompts:
             return []
-        workers = min(self.max_concurrency, len(prompts))
-        with ThreadPoolExecutor(max_workers=workers) as pool:
+        with ThreadPoolExecutor(max_workers=min(self.max_concurrency, len(prompts))) as pool:
             return list(pool.map(self._judge_prompt, prompts))
 
     def check(self, timeout: float = 10.0) -> None:
         """Sends one trivial item, without retries; raises ``ConnectionError`` naming the URL if the judge
         cannot answer (unreachable, refused, HTTP error). Run it before long work, not after."""
-        probe = replace(self, max_retries=0, timeout=min(self.timeout, timeout))
-        verdict = probe._judge_prompt(_prompt_for(JudgeItem("What is 2 + 2?", "4", "4")))
-        if verdict.error is not None and verdict.error != "unparsable":
+        probe_policy = replace(self.policy, max_retries=0, attempt_timeout=None,
+                               deadline=min(self.policy.deadline, timeout))
+        probe = replace(self, policy=probe_policy)
+        verdict = probe._judge_prompt(build_judge_prompt("What is 2 + 2?", "4", "4", self.prompt))
+        if verdict.error is not None and verdict.error not in REPLY_FAILURES:
             raise ConnectionError(f"judge at {self.endpoint} (model {self.model!r}) did not answer: {verdict.error}; "
                                   "check --judge_url and that the server is up, or drop the judge metric")
 
     def _judge_prompt(self, prompt: str) -> JudgeScore:
-        attempt = 0
-        while True:
-            try:
-                reply = self._request(prompt)
-            except _RetryableError as error:
-                if attempt >= self.max_retries:
-                    return JudgeScore(score=None, raw="", error=str(error))
-                delay = self.backoff * (2**attempt)
-                if error.retry_after is not None:
-                    delay = max(delay, error.retry_after)
-                time.sleep(min(delay, self.max_backoff))
-                attempt += 1
-                continue
-            except _PermanentError as error:
-                return JudgeScore(score=None, raw="", error=str(error))
-            return parse_judge_score(reply)
+        try:
+            return self._request(prompt)
+        except Exception as error:  # noqa: BLE001 — one item's failure, whatever it is, must not end the batch
+            return JudgeScore(score=None, raw="", error=f"request_failed: {type(error).__name__}: {error}")
 
-    def _request(self, prompt: str) -> str:
-        body = {
-            "model": self.model,
-            "messages": [{"role": "user", "content": prompt}],
-            "temperature": 0,
-            "seed": 0,
-        }
+    def _request(self, prompt: str) -> JudgeScore:
+        body = {"model": self.model, "messages": [{"role": "user", "content": prompt}], "temperature": 0, "seed": 0}
         if self.max_tokens is not None:
             body["max_tokens"] = self.max_tokens
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        request = urllib.request.Request(
-            self.endpoint, data=json.dumps(body).encode("utf-8"), headers=headers, method="POST"
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                payload = response.read()
-        except urllib.error.HTTPError as error:
-            detail = error.read(500).decode("utf-8", "replace").strip()
-            message = f"http {error.code}: {detail}" if detail else f"http {error.code}"
-            if error.code == 429 or error.code >= 500:
-                raise _RetryableError(message, _retry_after_seconds(error)) from None
-            raise _PermanentError(message) from None
-        except TimeoutError:
-            raise _RetryableError("timeout") from None
-        except urllib.error.URLError as error:
-            if isinstance(error.reason, TimeoutError):
-                raise _RetryableError("timeout") from None
-            raise _RetryableError(f"connection error: {error.reason}") from None
-        except ConnectionError as error:
-            raise _RetryableError(f"connection error: {error}") from None
-        try:
-            content = json.loads(payload)["choices"][0]["message"]["content"]
-        except (ValueError, KeyError, IndexError, TypeError):
-            raise _PermanentError(
-                f"bad response: {payload[:200].decode('utf-8', 'replace')!r}"
-            ) from None
-        if not isinstance(content, str):
-            raise _PermanentError(f"bad response: message content is {type(content).__name__}")
-        return content
-
-
-def _retry_after_seconds(error: urllib.error.HTTPError) -> float | None:
-    value = error.headers.get("Retry-After") if error.headers else None
-    try:
-        return max(0.0, float(value)) if value is not None else None
-    except ValueError:
-        return None  # An HTTP date; the exponential backoff is used instead.
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        result = post_json(self.endpoint, body, headers=headers, policy=self.policy)
+        if not result.ok:
+            return JudgeScore(score=None, raw="", error=result.error)
+        return _verdict(result.body)

@@ -23,6 +23,10 @@ from atp_jax.eval.records import read_records
 REFERENCE_ATTACK = "best_of_k"
 
 
+def _is_score(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def summarize(records: Iterable[dict], reference: str = REFERENCE_ATTACK) -> list[dict]:
     """Per attack: examples, mean true loss, mean of each score, how often it beats ``reference`` on the
     same example (strictly higher loss), mean forward/backward calls and seconds."""
@@ -40,8 +44,9 @@ def summarize(records: Iterable[dict], reference: str = REFERENCE_ATTACK) -> lis
             "backward_calls": statistics.fmean(r.get("backward_calls", 0) for r in recs),
             "seconds": statistics.fmean(r["seconds"] for r in recs),
         }
-        for metric in sorted({m for r in recs for m in r.get("scores", {})}):
-            values = [r["scores"][metric] for r in recs if r["scores"].get(metric) is not None]
+        # Scores are numbers; text beside them (a judge's reason and raw reply for a null score) is not averaged.
+        for metric in sorted({m for r in recs for m, v in r.get("scores", {}).items() if _is_score(v) or v is None}):
+            values = [r["scores"][metric] for r in recs if _is_score(r["scores"].get(metric))]
             row[metric] = statistics.fmean(values) if values else float("nan")
         paired = [r for r in recs if r["id"] in ref_loss]
         if attack != reference and paired:
@@ -154,7 +159,7 @@ def available_metrics(records: Iterable[dict]) -> list[str]:
     """Metrics with at least one value in ``records``: recorded scores (sorted), then ``answer_loss``."""
     records = list(records)
     scores = sorted({m for r in records if "skipped" not in r for m, v in (r.get("scores") or {}).items()
-                     if v is not None})
+                     if _is_score(v)})
     loss = [LOSS_METRIC] if any(metric_value(r, LOSS_METRIC) is not None for r in records) else []
     return scores + loss
 

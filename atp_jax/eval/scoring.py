@@ -2,8 +2,9 @@
 
 ``Scorer(metrics=("auto",))`` gives each dataset its paper metric (WTQ denotation accuracy, TAT-QA
 EM/F1, FeTaQA ROUGE-L recall); naming metrics adds or replaces them, e.g. ``("rouge", "judge")`` for
-FeTaQA with an LLM judge as in the paper. A judge that fails on an answer records ``None`` (and the
-reason under ``judge_error``), never 0: a failure is not a wrong answer.
+FeTaQA with an LLM judge as in the paper. A judge that fails on an answer records ``None``, never 0 (a
+failure is not a wrong answer), with the reason under ``judge_error`` and the judge's reply under
+``judge_raw``.
 """
 
 from __future__ import annotations
@@ -41,8 +42,9 @@ class Scorer:
             items = [JudgeItem(example.question, tuple(example.answers), p) for p in predictions]
             for scores, verdict in zip(out, self.judge.judge(items)):
                 scores["judge"] = verdict.score
-                if verdict.error:
+                if verdict.score is None:  # why, and what the judge said, so that the failure can be audited
                     scores["judge_error"] = verdict.error
+                    scores["judge_raw"] = verdict.raw
         return out
 
     def _metrics(self, example: Example, prediction: str) -> dict:
