@@ -34,12 +34,14 @@ from atp_jax.eval.scoring import METRICS, Scorer
 from atp_jax.eval.smoothing import SmoothingConfig
 from atp_jax.models.loading import DEFAULT_MODEL
 from atp_jax.tables.linearize import STYLES
-from atp_jax.tables.prompt import PromptStyle
+from atp_jax.tables.prompt import ANSWER_FORMATS, PromptStyle
 
 flags.DEFINE_string("model", DEFAULT_MODEL, "Zoo name, HF model directory or .gguf file.")
 # With no flags this is the demo (README): the paper's table on two small sample tables, ≤ 10 min on 2 CPU cores.
 selection.define_flags(num_examples=2, max_rows=8, max_cols=5)
 flags.DEFINE_enum("style", "markdown", list(STYLES), "Table linearization.")
+flags.DEFINE_enum("answer_format", "dataset", list(ANSWER_FORMATS), "How the prompt asks for the answer: "
+                  "dataset (TAT-QA: a number with its scale word or percent sign) or plain (one wording for all).")
 flags.DEFINE_list("attacks", ["paper_table"], f"Comma list of: {', '.join(PRESETS)}; or a group: "
                   + "; ".join(f"{k} = {', '.join(v)}" for k, v in ATTACK_GROUPS.items() if k != "all")
                   + "; all = every attack.")
@@ -173,7 +175,7 @@ def main(argv):
         same = FLAGS.judge_model == FLAGS.model
         judge = ModelJudge.from_model(model if same else atp_jax.load_model(FLAGS.judge_model))
     scorer = Scorer(tuple(FLAGS.metrics), judge)
-    style = PromptStyle(linearization=FLAGS.style)
+    style = PromptStyle(linearization=FLAGS.style, answer_format=FLAGS.answer_format)
     configs = {name: _config(name) for name in attacks}
     manifest = {
         "model": model.name, "model_source": model.source, "dataset": FLAGS.dataset, "split": FLAGS.split,
