@@ -50,8 +50,9 @@ TAT-QA — exact match and F1
     * A bare number gets no scale: gold ``1.5`` with scale million is 1500000, and ``"1.5"`` is wrong while
       ``"1.5 million"``, ``"1,500,000"`` and ``"$1.5 million"`` are right; a scale word the gold lacks makes a
       number wrong. A percent gold is matched by ``"12.5%"``, ``"12.5 percent"`` or the fraction ``0.125``.
-    * A gold number written without ``%`` is rounded to 2 decimals before its scale is applied; a predicted
-      number is rendered to 4 decimals, so ``3.004`` matches gold ``3.00`` and ``3.006`` does not.
+    * A number written without ``%``, gold or predicted, is rounded to 2 decimals before the scale is applied:
+      ``3.004`` matches gold ``3`` and ``3.006`` does not. A single predicted bare number is also tried
+      unrounded, which is how the fraction ``0.2342`` matches gold ``23.42`` percent.
     * Only the first number of an answer counts, with the first scale word that follows a digit, a sign from
       ``(digits)`` and a percent from ``digits%`` anywhere in it ("in a sentence" answers fail EM).
     * Multi-span items are sorted and joined into one string, so order does not matter, an empty item (a trailing
