@@ -36,7 +36,7 @@ from atp_jax.models.loading import DEFAULT_MODEL
 from atp_jax.runs.fingerprints import dataset_fingerprint, model_fingerprint
 from atp_jax.runs.manifest import ManifestMismatch, ResultsFolder, provenance
 from atp_jax.tables.linearize import STYLES
-from atp_jax.tables.prompt import PromptStyle
+from atp_jax.tables.prompt import ANSWER_FORMATS, PromptStyle
 
 flags.DEFINE_string("model", DEFAULT_MODEL, "Zoo name, HF model directory or .gguf file.")
 # With no flags this is the demo (README): the paper's table on two small sample tables, ≤ 10 min on 2 CPU cores.
@@ -44,6 +44,8 @@ selection.define_flags(num_examples=2, max_rows=8, max_cols=5)
 flags.DEFINE_enum("style", "markdown", list(STYLES), "Table linearization.")
 flags.DEFINE_list("attack_modules", [], "Python modules imported first, which may register attack methods "
                   "(atp_jax.attack.registry.register) and presets (atp_jax.attack.presets.register_preset).")
+flags.DEFINE_enum("answer_format", "dataset", list(ANSWER_FORMATS), "How the prompt asks for the answer: "
+                  "dataset (TAT-QA: a number with its scale word or percent sign) or plain (one wording for all).")
 flags.DEFINE_list("attacks", ["paper_table"], f"Comma list of: {', '.join(PRESETS)}; or a group: "
                   + "; ".join(f"{k} = {', '.join(v)}" for k, v in ATTACK_GROUPS.items() if k != "all")
                   + "; all = every attack.")
@@ -181,7 +183,7 @@ def main(argv):
         sys.exit(f"--dataset {FLAGS.dataset}: no examples selected (--num_examples {FLAGS.num_examples}, --max_rows "
                  f"{FLAGS.max_rows}, --max_cols {FLAGS.max_cols}, --filter_order_sensitive "
                  f"{FLAGS.filter_order_sensitive}); loosen the selection")
-    style = PromptStyle(linearization=FLAGS.style)
+    style = PromptStyle(linearization=FLAGS.style, answer_format=FLAGS.answer_format)
     configs = _configs(attacks)
     try:
         identity = {

@@ -85,6 +85,8 @@ def main(argv):
         linearization=FLAGS.style or source_style.get("linearization", "markdown"),
         reasoning=FLAGS.reasoning or source_style.get("reasoning", "concise"),
         system=source_style.get("system"),
+        # A source recorded before answer formats existed was prompted with the plain wording.
+        answer_format=source_style.get("answer_format", "plain"),
     )
     model = atp_jax.load_model(FLAGS.model or source.model)
     origin = {"results": str(source_dir), "model": source.model, "style": source_style}

@@ -174,6 +174,46 @@ def test_malformed_fields(tmp_path):
             load_jsonl(path)
 
 
+def test_a_record_without_dataset_is_refused_unless_the_caller_names_it(tmp_path):
+    record = _record()
+    del record["dataset"]
+    path = _write_lines(tmp_path / "d.jsonl", [json.dumps(_record()), json.dumps(record)])
+    with pytest.raises(ValueError, match=r"d\.jsonl:2: no 'dataset' field.*add \"dataset\".*dataset=") as error:
+        load_jsonl(path)
+    assert "load_dataset(path, dataset=...)" in str(error.value)
+    with pytest.raises(ValueError, match=r"d\.jsonl:2: no 'dataset' field"):
+        load_dataset(str(path))
+    # Named, the dataset fills the missing field; a record naming the same one is kept as it is.
+    assert [e.dataset for e in load_jsonl(path, dataset="wtq")] == ["wtq", "wtq"]
+    assert [e.dataset for e in load_dataset(path, dataset="wtq")] == ["wtq", "wtq"]
+    _write_lines(path, [json.dumps(record), json.dumps(_record(dataset=""))])
+    assert [e.dataset for e in load_jsonl(path, dataset="tatqa")] == ["tatqa", "tatqa"]
+
+
+def test_a_record_contradicting_the_named_dataset_is_refused(tmp_path):
+    path = _write_lines(tmp_path / "c.jsonl", [json.dumps(_record(dataset="wtq"))])
+    with pytest.raises(ValueError, match=r"c\.jsonl:1: 'dataset' is 'wtq' but the file is loaded as 'tatqa'"):
+        load_jsonl(path, dataset="tatqa")
+    _write_lines(path, [json.dumps(_record(dataset="squad"))])
+    with pytest.raises(ValueError, match=r"c\.jsonl:1: 'dataset' is 'squad': use one of wtq, tatqa, fetaqa"):
+        load_jsonl(path)
+    with pytest.raises(ValueError, match=r"dataset='squad': use one of"):
+        load_jsonl(path, dataset="squad")
+    with pytest.raises(ValueError, match=r"the 'sample' data is 'wtq'"):
+        load_dataset("sample", dataset="tatqa")
+
+
+def test_a_named_dataset_fills_its_own_name(tmp_path):
+    record = _record()
+    del record["dataset"]
+    (tmp_path / "tatqa").mkdir()
+    _write_lines(tmp_path / "tatqa" / "dev.jsonl", [json.dumps(record)])
+    assert [e.dataset for e in load_dataset("tatqa", data_dir=tmp_path)] == ["tatqa"]
+    assert [e.dataset for e in load_dataset("tatqa", data_dir=tmp_path, dataset="tatqa")] == ["tatqa"]
+    with pytest.raises(ValueError, match=r"the 'tatqa' data is 'tatqa'; drop dataset="):
+        load_dataset("tatqa", data_dir=tmp_path, dataset="wtq")
+
+
 def test_load_dataset_errors(tmp_path, monkeypatch):
     monkeypatch.delenv("ATP_JAX_DATA", raising=False)
     with pytest.raises(ValueError, match="unknown dataset 'squad'"):

@@ -31,6 +31,7 @@ def _closed_port():
     (["--attacks", "vanilla,atp_magic"], "unknown attack(s) atp_magic"),
     (["--dataset", "/nonexistent/data.jsonl"], "--dataset /nonexistent/data.jsonl"),
     (["--metrics", "bleu"], "--metrics: unknown bleu"),
+    (["--answer_format", "fancy"], "--answer_format"),
     (["--metrics", "auto,judge"], "needs exactly one of --judge_model or --judge_url"),
     (["--metrics", "auto,judge", "--judge_model", "x", "--nogenerate"], "drop --nogenerate"),
 ])

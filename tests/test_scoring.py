@@ -20,6 +20,15 @@ def test_auto_uses_each_datasets_own_metric():
     assert set(scores) == {"em", "f1"}
 
 
+def test_wtq_gold_is_typed_by_its_canonical_values():
+    # Officially "17 years" with canonical value 17.0 is the number 17; without it, a string.
+    with_canon = Example("How long?", TABLE, ["17 years"], "c", dataset="wtq", meta={"target_canon": ["17.0"]})
+    without = Example("How long?", TABLE, ["17 years"], "c", dataset="wtq")
+    assert Scorer()(with_canon, ["17", "18"]) == [{"accuracy": 1.0}, {"accuracy": 0.0}]
+    assert Scorer(("denotation",))(with_canon, ["17"]) == [{"accuracy": 1.0}]
+    assert Scorer()(without, ["17", "17 years"]) == [{"accuracy": 0.0}, {"accuracy": 1.0}]
+
+
 def test_named_metrics_apply_to_any_dataset():
     (scores,) = Scorer(("denotation", "rouge"))(TATQA, ["1500"])
     assert scores["accuracy"] == 1.0 and scores["rougeL_recall"] == 1.0

@@ -8,7 +8,8 @@ Sources
        "answers": [str, ...], "table": {"header": [str, ...], "rows": [[str, ...], ...]},
        "meta": {...}}
 
-  ``dataset`` and ``meta`` are optional; the other keys are required.
+  ``meta`` is optional; the other keys are required. ``dataset`` selects the metric, so a record
+  without it is refused unless the caller names the dataset (``load_jsonl(path, dataset="wtq")``).
 * :func:`load_dataset` by name: ``"sample"`` (about 180 WTQ dev questions bundled with
   the package), ``"wtq"``, ``"tatqa"`` or ``"fetaqa"`` (read from a data directory laid
   out as ``<data_dir>/<name>/<split>.jsonl``), or a path to a ``.jsonl`` file.
@@ -55,6 +56,7 @@ DATA_ENV_VAR = "ATP_JAX_DATA"
 """Environment variable naming the directory that holds ``wtq/``, ``tatqa/``, ``fetaqa/``."""
 
 DATASET_NAMES: tuple[str, ...] = ("sample", "wtq", "tatqa", "fetaqa")
+_SCORED_DATASETS: tuple[str, ...] = ("wtq", "tatqa", "fetaqa")
 
 _SAMPLE_FILE = "wtq_sample.jsonl"
 _REQUIRED_KEYS = ("id", "question", "answers", "table")
@@ -100,14 +102,49 @@ def example_from_dict(record: Mapping[str, Any]) -> Example:
     )
 
 
-def load_jsonl(path: str | os.PathLike[str]) -> list[Example]:
+def _check_dataset_name(dataset: str | None) -> None:
+    if dataset is not None and dataset not in _SCORED_DATASETS:
+        raise ValueError(f"dataset={dataset!r}: use one of {', '.join(_SCORED_DATASETS)}")
+
+
+def _record_with_dataset(record: Any, dataset: str | None) -> Any:
+    """The record with its ``dataset`` field checked, or filled from ``dataset`` when it has none."""
+    if not isinstance(record, Mapping):
+        return record  # example_from_dict names the problem.
+    recorded = record.get("dataset")
+    if recorded in (None, ""):
+        if dataset is None:
+            raise ValueError(
+                "no 'dataset' field, which selects the metric: add \"dataset\": \"wtq\"|\"tatqa\"|\"fetaqa\" "
+                "to each record, or pass the dataset explicitly (load_jsonl(path, dataset=...), "
+                "load_dataset(path, dataset=...))"
+            )
+        return {**record, "dataset": dataset}
+    if recorded not in _SCORED_DATASETS:
+        raise ValueError(f"'dataset' is {recorded!r}: use one of {', '.join(_SCORED_DATASETS)}")
+    if dataset is not None and recorded != dataset:
+        raise ValueError(
+            f"'dataset' is {recorded!r} but the file is loaded as {dataset!r}: fix the record, or load the "
+            f"file as {recorded!r}"
+        )
+    return record
+
+
+def load_jsonl(path: str | os.PathLike[str], dataset: str | None = None) -> list[Example]:
     """Read examples from a JSONL file in the project schema (blank lines are skipped).
+
+    Args:
+        path: the file.
+        dataset: ``"wtq"``, ``"tatqa"`` or ``"fetaqa"`` fills the ``dataset`` field of records that lack
+            it; a record that names another dataset is refused. None: every record must name its own.
 
     Raises:
         FileNotFoundError: if ``path`` does not exist.
-        ValueError: for a line that is not valid JSON, lacks a required key, or holds a
-            malformed table; the message starts with ``<path>:<line number>:``.
+        ValueError: for a line that is not valid JSON, lacks a required key or the ``dataset`` field
+            (without ``dataset=``), names an unknown or contradicting dataset, or holds a malformed table;
+            the message starts with ``<path>:<line number>:``.
     """
+    _check_dataset_name(dataset)
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no such JSONL file: {path}")
@@ -123,7 +160,7 @@ def load_jsonl(path: str | os.PathLike[str]) -> list[Example]:
                     f"{path}:{line_number}: invalid JSON ({error.msg} at column {error.colno})"
                 ) from None
             try:
-                examples.append(example_from_dict(record))
+                examples.append(example_from_dict(_record_with_dataset(record, dataset)))
             except (ValueError, TypeError) as error:
                 raise ValueError(f"{path}:{line_number}: {error}") from error
     return examples
@@ -137,13 +174,14 @@ def _bundled_sample() -> list[Example]:
                 f"the bundled sample {_SAMPLE_FILE} is missing from the installed package; "
                 "reinstall atp-jax, or rebuild it with `python -m atp_jax.data.make_sample`"
             )
-        return load_jsonl(path)
+        return load_jsonl(path, dataset="wtq")
 
 
 def load_dataset(
     name_or_path: str | os.PathLike[str],
     split: str = "dev",
     data_dir: str | os.PathLike[str] | None = None,
+    dataset: str | None = None,
 ) -> list[Example]:
     """Load a dataset by name or from a ``.jsonl`` path.
 
@@ -154,20 +192,27 @@ def load_dataset(
         split: the split file to read for a named dataset, e.g. ``"dev"``.
         data_dir: directory containing ``<name>/<split>.jsonl``; defaults to the
             ``ATP_JAX_DATA`` environment variable.
+        dataset: the dataset of the records, for a file whose records lack the ``dataset`` field (see
+            :func:`load_jsonl`). A named dataset is its own (``"sample"`` is WTQ); naming another is refused.
 
     Raises:
         DatasetUnavailableError: when no data directory is configured or the file is
             missing; the message says where the files are expected.
         ValueError: for an unknown name, or a malformed file (see :func:`load_jsonl`).
     """
+    _check_dataset_name(dataset)
     if isinstance(name_or_path, os.PathLike) or str(name_or_path).endswith(".jsonl"):
-        return load_jsonl(name_or_path)
+        return load_jsonl(name_or_path, dataset=dataset)
     name = str(name_or_path).lower()
     if name not in DATASET_NAMES:
         raise ValueError(
             f"unknown dataset {name_or_path!r}: use one of {', '.join(DATASET_NAMES)} "
             "or a path ending in .jsonl"
         )
+    own = "wtq" if name == "sample" else name
+    if dataset is not None and dataset != own:
+        raise ValueError(f"load_dataset({name_or_path!r}, dataset={dataset!r}): the {name!r} data is "
+                         f"{own!r}; drop dataset= or pass a .jsonl path")
     if name == "sample":
         if split != "dev":
             raise ValueError(f"the bundled sample has only the 'dev' split, not {split!r}")
@@ -187,7 +232,7 @@ def load_dataset(
             f"{path} not found ({source}={root}); put the {name} {split} split there as "
             f"{name}/{split}.jsonl in the project JSONL schema"
         )
-    return load_jsonl(path)
+    return load_jsonl(path, dataset=name)
 
 
 # --------------------------------------------------------------------------- Hub

@@ -1,10 +1,10 @@
 """Which metrics a run records for an answer: the dataset's own, others chosen by name, and a judge.
 
 ``Scorer(metrics=("auto",))`` gives each dataset its paper metric (WTQ denotation accuracy, TAT-QA
-EM/F1, FeTaQA ROUGE-L recall); naming metrics adds or replaces them, e.g. ``("rouge", "judge")`` for
-FeTaQA with an LLM judge as in the paper. A judge that fails on an answer records ``None``, never 0 (a
-failure is not a wrong answer), with the reason under ``judge_error`` and the judge's reply under
-``judge_raw``.
+EM/F1, FeTaQA ROUGE-L recall; WTQ gold is typed by ``meta["target_canon"]`` when the record carries it);
+naming metrics adds or replaces them, e.g. ``("rouge", "judge")`` for FeTaQA with an LLM judge as in the
+paper. A judge that fails on an answer records ``None``, never 0 (a failure is not a wrong answer), with
+the reason under ``judge_error`` and the judge's reply under ``judge_raw``.
 """
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ class Scorer:
             if metric == "auto":
                 scores.update(score(example.dataset or "wtq", prediction, example.answers, example.meta))
             elif metric == "denotation":
-                scores["accuracy"] = wtq_accuracy(prediction, example.answers)
+                scores["accuracy"] = wtq_accuracy(prediction, example.answers,
+                                                  (example.meta or {}).get("target_canon"))
             elif metric == "em_f1":
                 meta = example.meta or {}
                 em, f1 = tatqa_em_f1(prediction, example.answers, scale=meta.get("scale", ""),

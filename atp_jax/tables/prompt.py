@@ -1,5 +1,8 @@
 """Chat prompts for table QA: the text before the table, the table, the text after it, the answer.
 
+The instruction says how to reason and how to write the answer; the second part can follow the example's dataset
+(``PromptStyle.answer_format``), since each dataset's metric wants the answer in its own form.
+
 A prompt is rendered through the tokenizer's chat template with a sentinel in place of the table,
 then cut at the sentinel. That keeps the template's own system prompt, role markers and generation
 header exact, and tells the token layout which text never moves (``before``) and where the table
@@ -17,15 +20,21 @@ from atp_jax.tables.table import Example, Table
 ANSWER_SEPARATOR = " | "
 FINAL_ANSWER_MARKER = "Final answer:"
 
-_CONCISE = (
-    "Answer the question using the table. Reply with the answer only, as briefly as possible. "
-    f"If there are several answers, separate them with '{ANSWER_SEPARATOR.strip()}'."
-)
-_STEP_BY_STEP = (
-    "Answer the question using the table. Think step by step, then end with a last line of the form "
-    f"'{FINAL_ANSWER_MARKER} <answer>'. If there are several answers, separate them with "
-    f"'{ANSWER_SEPARATOR.strip()}'."
-)
+ANSWER_FORMATS = ("dataset", "plain")
+
+_REASONING_INSTRUCTIONS = {
+    "concise": "Answer the question using the table. Reply with the answer only, as briefly as possible.",
+    "step_by_step": "Answer the question using the table. Think step by step, then end with a last line of the "
+                    f"form '{FINAL_ANSWER_MARKER} <answer>'.",
+}
+_SEVERAL_ANSWERS = f"If there are several answers, separate them with '{ANSWER_SEPARATOR.strip()}'."
+# TAT-QA's metric gives 0 to a bare number whose gold has a scale (1.5 for "1.5 million"), so the scale is asked
+# for; WTQ and FeTaQA keep the plain wording, with which their committed records were made.
+_ANSWER_INSTRUCTIONS = {
+    "tatqa": "Write a number with its scale word (thousand, million or billion) when the table states one, "
+             "e.g. '1.5 million', and a percentage with a percent sign, e.g. '12.5%'; write text answers "
+             f"as they appear in the table. {_SEVERAL_ANSWERS}",
+}
 _SENTINEL = "\u2063TABLE\u2063"  # invisible separator: never occurs in a template or a question
 
 
@@ -36,15 +45,22 @@ class PromptStyle:
     linearization: table format (``markdown``, ``csv``, ``html``, ``json``; see ``linearize``).
     reasoning: ``concise`` (answer only) or ``step_by_step`` (reasoning, then a final-answer line).
     system: system prompt; None keeps the chat template's default one.
+    answer_format: ``dataset`` asks for the answer in the form the example's dataset is scored in (TAT-QA: a
+        number with its scale word or percent sign); ``plain`` gives every dataset the generic wording (only how
+        to separate several answers), which is also what ``dataset`` gives WTQ and FeTaQA.
     """
 
     linearization: str = "markdown"
     reasoning: str = "concise"
     system: str | None = None
+    answer_format: str = "dataset"
 
     def __post_init__(self):
-        if self.reasoning not in ("concise", "step_by_step"):
+        if self.reasoning not in _REASONING_INSTRUCTIONS:
             raise ValueError(f"reasoning must be 'concise' or 'step_by_step', got {self.reasoning!r}")
+        if self.answer_format not in ANSWER_FORMATS:
+            raise ValueError(f"answer_format must be one of {', '.join(ANSWER_FORMATS)}, "
+                             f"got {self.answer_format!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,15 +81,23 @@ def encode_text(tokenizer, text: str) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False) if text else []
 
 
-def user_message(question: str, style: PromptStyle, table_text: str) -> str:
-    instruction = _CONCISE if style.reasoning == "concise" else _STEP_BY_STEP
-    return f"{instruction}\n\nTable:\n{table_text}\n\nQuestion: {question}"
+def instruction(style: PromptStyle, dataset: str = "") -> str:
+    """The instruction before the table: how to reason, then how to write the answer for ``dataset``."""
+    answer_format = _SEVERAL_ANSWERS
+    if style.answer_format == "dataset":
+        answer_format = _ANSWER_INSTRUCTIONS.get(dataset.lower(), _SEVERAL_ANSWERS)
+    return f"{_REASONING_INSTRUCTIONS[style.reasoning]} {answer_format}"
+
+
+def user_message(question: str, style: PromptStyle, table_text: str, dataset: str = "") -> str:
+    """The user turn: the instruction for ``dataset`` (``example.dataset``), the table, the question."""
+    return f"{instruction(style, dataset)}\n\nTable:\n{table_text}\n\nQuestion: {question}"
 
 
 def render_prompt(tokenizer, example: Example, table: Table | None = None, style: PromptStyle = PromptStyle()) -> Prompt:
     """The chat prompt for ``example`` (over ``table`` when given, e.g. a permuted one)."""
     table = example.table if table is None else table
-    messages = [{"role": "user", "content": user_message(example.question, style, _SENTINEL)}]
+    messages = [{"role": "user", "content": user_message(example.question, style, _SENTINEL, example.dataset)}]
     if style.system is not None:
         messages.insert(0, {"role": "system", "content": style.system})
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
