@@ -285,12 +285,17 @@ def test_filter_examples():
         _example("total?", 2, 2, cell="y" * 50),
     ]
     ids = lambda kept: [e.id for e in kept]  # noqa: E731
+    keywords = {"order_filter": "keywords"}  # the paper's rule; the default classifier is tested below
     assert ids(filter_examples(examples)) == ids(examples)
-    assert ids(filter_examples(examples, order_sensitive=True)) == ["who was first?", "what came next?"]
-    assert ids(filter_examples(examples, order_sensitive=False)) == ["how many?", "total?"]
+    assert ids(filter_examples(examples, order_sensitive=True, **keywords)) == ["who was first?", "what came next?"]
+    assert ids(filter_examples(examples, order_sensitive=False, **keywords)) == ["how many?", "total?"]
     assert ids(filter_examples(examples, max_rows=3)) == ["who was first?", "what came next?", "total?"]
     assert ids(filter_examples(examples, max_cols=2)) == ["who was first?", "how many?", "total?"]
     assert ids(filter_examples(examples, max_cell_chars=10)) == ["who was first?", "how many?", "what came next?"]
-    assert ids(filter_examples(examples, order_sensitive=True, max_cols=2)) == ["who was first?"]
+    assert ids(filter_examples(examples, order_sensitive=True, max_cols=2, **keywords)) == ["who was first?"]
+    # The classifier reads the table too: these tables have no order, and only "listed last" refers to it.
+    listed = [*examples, _example("which one is listed last?", 3, 2)]
+    assert ids(filter_examples(listed, order_sensitive=True)) == ["which one is listed last?"]
+    assert ids(filter_examples(listed, order_sensitive=False, max_cols=2)) == ["who was first?", "how many?", "total?"]
     with pytest.raises(ValueError, match="max_rows must be a non-negative int"):
         filter_examples(examples, max_rows=-1)
