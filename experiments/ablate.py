@@ -117,6 +117,7 @@ def main(argv):
             "model": model.name, "model_source": model.source, "dataset": FLAGS.dataset, "split": FLAGS.split,
             "style": dataclasses.asdict(style), "sweep": parameter, "base_attack": FLAGS.attack,
             "attacks": {k: dataclasses.asdict(v) for k, v in configs.items()}, "examples": len(examples),
+            "selection": selection.manifest(),
             "seed": FLAGS.seed, **environment(), "process_index": process_index, "process_count": process_count,
             "argv": sys.argv,
         }

@@ -178,7 +178,7 @@ def main(argv):
     manifest = {
         "model": model.name, "model_source": model.source, "dataset": FLAGS.dataset, "split": FLAGS.split,
         "style": dataclasses.asdict(style), "attacks": {k: dataclasses.asdict(v) for k, v in configs.items()},
-        "examples": len(examples), "seed": FLAGS.seed, "metrics": FLAGS.metrics,
+        "examples": len(examples), "selection": selection.manifest(), "seed": FLAGS.seed, "metrics": FLAGS.metrics,
         "judge": FLAGS.judge_model or (FLAGS.judge_url and f"{FLAGS.judge_name} at {FLAGS.judge_url}"),
         "smoothing": None if smoothing is None else {**dataclasses.asdict(smoothing), "ks": list(smoothing_ks)},
         **environment(),

@@ -24,6 +24,7 @@ def test_ablate_records_every_point_tabulates_the_options_and_resumes(tiny_check
     assert all(r["answer_loss"] > 0 and r["backward_calls"] == 20 for r in records)  # the same budget
     manifest = json.loads((out / "options" / "run.json").read_text())
     assert manifest["attacks"]["atp_st@init=uniform"]["init"] == "uniform"
+    assert manifest["selection"]["filter_order_sensitive"] and manifest["selection"]["order_filter"] == "classifier"
     assert [json.loads(line)["attack"] for line in (out / "lambda" / "results.jsonl").read_text().splitlines()] == [
         "atp_st@lambda=0"]
 
