@@ -128,7 +128,8 @@ def main(argv):
             folders[parameter].begin({**identity, "sweep": parameter, "base_attack": FLAGS.attack},
                                      {k: v.as_dict() for k, v in configs.items()}, provenance(sys.argv),
                                      flags_text=FLAGS.flags_into_string(), restart=FLAGS.restart,
-                                     extra={"examples": len(examples), **environment()})
+                                     extra={"examples": len(examples), "selection": selection.manifest(),
+                                            **environment()})
             done |= {(parameter, *key) for key in folders[parameter].done_keys()}
     except (ManifestMismatch, ValueError) as e:
         sys.exit(str(e))

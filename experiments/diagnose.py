@@ -71,7 +71,8 @@ def main(argv):
     style = PromptStyle()
     (out / "run.json").write_text(json.dumps({
         "model": model.name, "model_source": model.source, "dataset": FLAGS.dataset, "split": FLAGS.split,
-        "attack": FLAGS.attack, "results": FLAGS.results, "examples": len(examples), "seed": FLAGS.seed,
+        "attack": FLAGS.attack, "results": FLAGS.results, "examples": len(examples),
+        "selection": selection.manifest(), "seed": FLAGS.seed,
         **environment(), "argv": sys.argv,
     }, indent=2))
 

@@ -196,7 +196,7 @@ def main(argv):
         }
         folder.begin(identity, {k: v.as_dict() for k, v in configs.items()}, provenance(sys.argv),
                      flags_text=FLAGS.flags_into_string(), restart=FLAGS.restart,
-                     extra={"examples": len(examples), **environment()})
+                     extra={"examples": len(examples), "selection": selection.manifest(), **environment()})
     except (ManifestMismatch, ValueError) as e:
         sys.exit(str(e))
 

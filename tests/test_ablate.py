@@ -30,6 +30,7 @@ def test_ablate_records_every_point_tabulates_the_options_and_resumes(tiny_check
     # Every name the binary recorded is a valid --attacks entry, already in its canonical form.
     recorded = [r["attack"] for r in records] + lambda_names
     assert attack_names(recorded) == list(dict.fromkeys(recorded))
+    assert manifest["selection"]["filter_order_sensitive"] and manifest["selection"]["order_filter"] == "classifier"
 
     table = (out / "ablation.md").read_text()
     assert "### atp_st: lambda sweep" in table and "### atp_st: one option changed at a time" in table

@@ -24,7 +24,8 @@ from atp_jax.data.datasets import (
     load_hf_dataset,
     load_jsonl,
 )
-from atp_jax.data.make_sample import select_sample
+from atp_jax.data.make_sample import SampleRule, select_sample
+from atp_jax.data.order_filter import is_order_dependent
 from atp_jax.tables.linearize import linearize
 from atp_jax.tables.table import Example, Table
 
@@ -101,8 +102,9 @@ def test_bundled_sample_loads_and_follows_the_rule():
         assert not any("\n" in cell for row in table.cells for cell in row)
         assert len(linearize(table).text.split()) <= 250
         assert example.answers
-    n_sensitive = sum(is_order_sensitive(example.question) for example in sample)
-    assert len(sample) // 2 <= n_sensitive < len(sample)  # preferred, but both kinds present
+    # Order-free questions fill it; a few order-dependent ones stay for the order filter to drop.
+    n_dependent = sum(map(is_order_dependent, sample))
+    assert n_dependent == SampleRule().order_dependent and 0 < n_dependent <= len(sample) // 10
 
 
 def test_sample_license_is_shipped_next_to_the_sample():
@@ -325,12 +327,17 @@ def test_filter_examples():
         _example("total?", 2, 2, cell="y" * 50),
     ]
     ids = lambda kept: [e.id for e in kept]  # noqa: E731
+    keywords = {"order_filter": "keywords"}  # the paper's rule; the default classifier is tested below
     assert ids(filter_examples(examples)) == ids(examples)
-    assert ids(filter_examples(examples, order_sensitive=True)) == ["who was first?", "what came next?"]
-    assert ids(filter_examples(examples, order_sensitive=False)) == ["how many?", "total?"]
+    assert ids(filter_examples(examples, order_sensitive=True, **keywords)) == ["who was first?", "what came next?"]
+    assert ids(filter_examples(examples, order_sensitive=False, **keywords)) == ["how many?", "total?"]
     assert ids(filter_examples(examples, max_rows=3)) == ["who was first?", "what came next?", "total?"]
     assert ids(filter_examples(examples, max_cols=2)) == ["who was first?", "how many?", "total?"]
     assert ids(filter_examples(examples, max_cell_chars=10)) == ["who was first?", "how many?", "what came next?"]
-    assert ids(filter_examples(examples, order_sensitive=True, max_cols=2)) == ["who was first?"]
+    assert ids(filter_examples(examples, order_sensitive=True, max_cols=2, **keywords)) == ["who was first?"]
+    # The classifier reads the table too: these tables have no order, and only "listed last" refers to it.
+    listed = [*examples, _example("which one is listed last?", 3, 2)]
+    assert ids(filter_examples(listed, order_sensitive=True)) == ["which one is listed last?"]
+    assert ids(filter_examples(listed, order_sensitive=False, max_cols=2)) == ["who was first?", "how many?", "total?"]
     with pytest.raises(ValueError, match="max_rows must be a non-negative int"):
         filter_examples(examples, max_rows=-1)

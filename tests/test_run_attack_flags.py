@@ -34,6 +34,7 @@ def _closed_port():
     (["--answer_format", "fancy"], "--answer_format"),
     (["--metrics", "auto,judge"], "needs exactly one of --judge_model or --judge_url"),
     (["--metrics", "auto,judge", "--judge_model", "x", "--nogenerate"], "drop --nogenerate"),
+    (["--order_filter", "regex"], "--order_filter=regex: value should be one of <classifier|keywords>"),
 ])
 def test_bad_flag_stops_before_the_model(tmp_path, args, message):
     done = _run(tmp_path, *args)

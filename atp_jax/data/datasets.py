@@ -15,13 +15,13 @@ Sources
   out as ``<data_dir>/<name>/<split>.jsonl``), or a path to a ``.jsonl`` file.
 * :func:`load_hf_dataset` for a Hugging Face Hub dataset, for users with hub access.
 
-Order-sensitive questions
+Order-dependent questions
 -------------------------
-The paper marks a question as order-sensitive when it matches
-``\\b(first|last|top|next|previous|above|below|before|after)\\b`` (case-insensitive).
-:func:`is_order_sensitive` applies that rule after removing a few fixed phrases in which
-the keyword names a quantity or attribute rather than a position; see
-:data:`ORDER_EXCLUSIONS` for each phrase and why.
+:func:`filter_examples` can drop the questions whose answer depends on the table's order.
+The rules live in :mod:`atp_jax.data.order_filter`: ``"classifier"`` (the default,
+:func:`~atp_jax.data.order_filter.is_order_dependent`, which reads the question and the
+table) and ``"keywords"`` (the paper's keyword rule, :func:`is_order_sensitive`, re-exported
+here with :data:`ORDER_KEYWORDS` and :data:`ORDER_EXCLUSIONS`).
 """
 
 from __future__ import annotations
@@ -29,13 +29,20 @@ from __future__ import annotations
 import importlib.resources
 import json
 import os
-import re
 import socket
 import urllib.parse
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from atp_jax.data.order_filter import (
+    DEFAULT_ORDER_FILTER,
+    ORDER_EXCLUSIONS,
+    ORDER_FILTERS,
+    ORDER_KEYWORDS,
+    is_order_sensitive,
+    order_rule,
+)
 from atp_jax.tables.table import Example, Table
 
 __all__ = [
@@ -43,6 +50,8 @@ __all__ = [
     "DATASET_NAMES",
     "ORDER_KEYWORDS",
     "ORDER_EXCLUSIONS",
+    "ORDER_FILTERS",
+    "DEFAULT_ORDER_FILTER",
     "DatasetUnavailableError",
     "example_from_dict",
     "load_jsonl",
@@ -363,67 +372,30 @@ def load_hf_dataset(
 
 # --------------------------------------------------------------------------- filters
 
-ORDER_KEYWORDS = re.compile(
-    r"\b(first|last|top|next|previous|above|below|before|after)\b", re.IGNORECASE
-)
-"""The paper's order-keyword rule."""
-
-ORDER_EXCLUSIONS: tuple[tuple[re.Pattern[str], str], ...] = (
-    (
-        re.compile(r"\b(?:before|after)[\s-]+(?:income[\s-]+)?tax(?:es|ation)?\b", re.IGNORECASE),
-        "financial line items such as 'income before income taxes' or 'profit after tax' "
-        "name an amount, not a position (TAT-QA)",
-    ),
-    (
-        re.compile(r"\bbefore\s+interest\b", re.IGNORECASE),
-        "'earnings before interest and taxes' (EBIT/EBITDA) is a line item, not a position",
-    ),
-    (
-        re.compile(r"\btop\s+speeds?\b", re.IGNORECASE),
-        "'top speed' is a vehicle attribute (WTQ), not the top of the table",
-    ),
-)
-"""Phrases removed before the keyword rule is applied, with the reason for each.
-
-The list is kept short on purpose: only phrases whose keyword can never refer to row or
-column position. "first name"/"last name" are *not* excluded because WTQ also asks
-"what is the first name on the list?", which is about order.
-"""
-
-
-def is_order_sensitive(question: str) -> bool:
-    """True when the question uses an order keyword outside the excluded phrases.
-
-    >>> is_order_sensitive("which team won previous to crettyard?")
-    True
-    >>> is_order_sensitive("What was the change in income before income taxes?")
-    False
-    >>> is_order_sensitive("what was the first income before taxes listed?")
-    True
-    """
-    text = question
-    for pattern, _reason in ORDER_EXCLUSIONS:
-        text = pattern.sub(" ", text)
-    return ORDER_KEYWORDS.search(text) is not None
-
-
 def filter_examples(
     examples: Iterable[Example],
     order_sensitive: bool | None = None,
     max_rows: int | None = None,
     max_cols: int | None = None,
     max_cell_chars: int | None = None,
+    order_filter: str = DEFAULT_ORDER_FILTER,
 ) -> list[Example]:
     """Keep the examples that pass every given criterion (``None`` disables one).
 
     Args:
         examples: examples to filter; the order is kept.
-        order_sensitive: ``True`` keeps only order-sensitive questions (see
-            :func:`is_order_sensitive`), ``False`` only the others.
+        order_sensitive: ``True`` keeps only the questions whose answer depends on the
+            table's order (by ``order_filter``), ``False`` only the others.
         max_rows: the largest number of data rows allowed (the header is not counted).
         max_cols: the largest number of columns allowed.
         max_cell_chars: the longest cell allowed, header included, in characters.
+        order_filter: the order rule, a name in :data:`ORDER_FILTERS`: ``"classifier"``
+            (question and table) or ``"keywords"`` (the paper's keyword rule).
+
+    Raises:
+        ValueError: for a negative or non-int limit, or an unknown ``order_filter``.
     """
+    depends_on_order = order_rule(order_filter)
     limits = {"max_rows": max_rows, "max_cols": max_cols, "max_cell_chars": max_cell_chars}
     for name, limit in limits.items():
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
@@ -431,7 +403,7 @@ def filter_examples(
     kept = []
     for example in examples:
         table = example.table
-        if order_sensitive is not None and is_order_sensitive(example.question) != order_sensitive:
+        if order_sensitive is not None and depends_on_order(example) != order_sensitive:
             continue
         if max_rows is not None and table.n_rows > max_rows:
             continue

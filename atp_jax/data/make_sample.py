@@ -6,11 +6,14 @@ on tables small enough to attack on a CPU. Selection is deterministic:
 1. Eligible: 4-12 data rows (enough rows for row order to matter), 2-6 columns, no line
    break in any cell, at least one gold answer, and at most 250 whitespace-separated
    tokens in the default Markdown rendering.
-2. Order-sensitive questions first (:func:`atp_jax.data.datasets.is_order_sensitive`),
-   then the others, each group in the order of the SHA-256 of the question id (a fixed
+2. Order-free questions (those whose answer does not depend on the table's order, by
+   :func:`atp_jax.data.order_filter.is_order_dependent`) fill the sample, so that an attack
+   on it, which drops order-dependent questions, keeps nearly all of it; only
+   ``order_dependent`` order-dependent questions are taken, and taken first so that the
+   per-table limit cannot crowd them out: the order filter needs a few to drop in demos and
+   tests. Each group is taken in the order of the SHA-256 of the question id (a fixed
    pseudo-random order that does not depend on the file's order).
-3. At most ``max_per_table`` questions per table, so that no table dominates, and at
-   most ``target`` questions in all.
+3. At most ``max_per_table`` questions per table, so that no table dominates.
 4. The chosen lines are written verbatim, in the order of the source file.
 
 Run ``python -m atp_jax.data.make_sample --source <wtq dev.jsonl>`` to rebuild it.
@@ -26,7 +29,8 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from atp_jax.data.datasets import DATA_ENV_VAR, example_from_dict, is_order_sensitive
+from atp_jax.data.datasets import DATA_ENV_VAR, example_from_dict
+from atp_jax.data.order_filter import is_order_dependent
 from atp_jax.tables.linearize import linearize
 
 __all__ = ["SampleRule", "select_sample", "make_sample"]
@@ -45,6 +49,11 @@ class SampleRule:
     max_cols: int = 6
     max_markdown_tokens: int = 250
     max_per_table: int = 3
+    order_dependent: int = 12  # order-dependent questions kept after the order-free ones
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.order_dependent <= self.target:
+            raise ValueError(f"order_dependent={self.order_dependent} must be in [0, target={self.target}]")
 
 
 def _eligible(record: dict, rule: SampleRule) -> bool:
@@ -67,14 +76,15 @@ def select_sample(lines: list[str], rule: SampleRule = SampleRule()) -> list[str
     """Choose sample lines from the WTQ dev JSONL lines; returns them in source order."""
     records = [json.loads(line) for line in lines]
     eligible = [k for k, record in enumerate(records) if _eligible(record, rule)]
-    sensitive = [k for k in eligible if is_order_sensitive(records[k]["question"])]
-    others = [k for k in eligible if not is_order_sensitive(records[k]["question"])]
+    dependent = {k for k in eligible if is_order_dependent(example_from_dict(records[k]))}
+    order_free = [k for k in eligible if k not in dependent]
 
     chosen: list[int] = []
     per_table: Counter[str] = Counter()
-    for group in (sensitive, others):
+    groups = ((sorted(dependent), rule.order_dependent), (order_free, rule.target))
+    for group, size_after in groups:
         for k in sorted(group, key=lambda k: _hash_key(records[k])):
-            if len(chosen) == rule.target:
+            if len(chosen) == size_after:
                 break
             table_id = records[k]["meta"]["table_id"]
             if per_table[table_id] < rule.max_per_table:

@@ -19,7 +19,7 @@ import atp_jax
 from atp_jax.attack.config import AttackConfig
 from atp_jax.attack.problem import AttackInputError, make_problem
 from atp_jax.attack.run import attack
-from atp_jax.data.datasets import filter_examples, load_dataset
+from atp_jax.data.datasets import DEFAULT_ORDER_FILTER, filter_examples, load_dataset
 from atp_jax.eval.qa import answer_losses, answers
 from atp_jax.eval.scoring import Scorer
 from atp_jax.eval.smoothing import SmoothingConfig, smoothed_answers
@@ -38,15 +38,18 @@ def select_examples(
     max_cols: int | None = None,
     process_index: int = 0,
     process_count: int = 1,
+    order_filter: str = DEFAULT_ORDER_FILTER,
 ) -> list[Example]:
     """The examples one process attacks.
 
     Loads ``dataset``; drops the questions whose correct answer depends on the table's order ("who is
-    listed last?": the paper's keyword rule, ``datasets.is_order_sensitive``; ``drop_order_sensitive=False``
-    keeps them), because a permutation must not change the right answer — else an "attack" that changes
-    the model's answer is simply correct; keeps tables of at most ``max_rows`` x ``max_cols``; takes the
-    first ``num_examples`` (0: all), then every ``process_count``-th from ``process_index``: shards are
-    disjoint and together cover the selection, whatever the number of processes.
+    listed last?", by the rule named ``order_filter``: ``"classifier"`` reads the question and the table,
+    ``"keywords"`` is the paper's keyword rule; see ``atp_jax.data.order_filter``;
+    ``drop_order_sensitive=False`` keeps them), because a permutation must not change the right answer —
+    else an "attack" that changes the model's answer is simply correct; keeps tables of at most
+    ``max_rows`` x ``max_cols``; takes the first ``num_examples`` (0: all), then every
+    ``process_count``-th from ``process_index``: shards are disjoint and together cover the selection,
+    whatever the number of processes.
     """
     if process_count < 1 or not 0 <= process_index < process_count:
         raise ValueError(f"process_index={process_index} must be in [0, process_count={process_count}); "
@@ -56,6 +59,7 @@ def select_examples(
     examples = filter_examples(
         load_dataset(dataset, split, data_dir),
         order_sensitive=False if drop_order_sensitive else None, max_rows=max_rows, max_cols=max_cols,
+        order_filter=order_filter,
     )
     if num_examples:
         examples = examples[:num_examples]
