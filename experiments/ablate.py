@@ -27,8 +27,8 @@ from tqdm import tqdm
 import atp_jax
 from atp_jax.attack.presets import PRESETS, canonical, one_option_changes, preset
 from atp_jax.distributed import maybe_initialize
-from atp_jax.eval.experiment import environment, run_one
-from atp_jax.eval.report import (
+from atp_jax.runs.experiment import environment, run_one
+from atp_jax.runs.report import (
     markdown_table, merge_records, option_rows, plot_sweeps, results_files, sweep_overrides, sweep_rows,
 )
 from atp_jax.runs.fingerprints import dataset_fingerprint, model_fingerprint

@@ -17,7 +17,7 @@ from tqdm import tqdm
 import atp_jax
 from atp_jax.data.datasets import load_dataset
 from atp_jax.eval.metrics import score
-from atp_jax.eval.qa import answers
+from atp_jax.inference.qa import answers
 from atp_jax.tables.linearize import STYLES
 from atp_jax.tables.prompt import PromptStyle
 

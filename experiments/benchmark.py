@@ -282,7 +282,7 @@ def _attack_example_variants(loaded, example, ids):
     """One whole ``atp_jax.attack`` (``--attack_preset``, by default ``paper``: prompt set-up, 20 steps,
     result) and greedy generation of ``--new_tokens`` after the ``--tokens`` random-id prompt (prefill
     included)."""
-    from atp_jax.eval.generate import generate_ids
+    from atp_jax.inference.generate import generate_ids
 
     prompt = np.asarray(ids[0]).tolist()
     config = atp_jax.preset(_ATTACK_PRESET.value)

@@ -30,10 +30,10 @@ from atp_jax.attack.presets import PRESETS, preset
 from atp_jax.attack.problem import AttackInputError
 from atp_jax.diagnostics.attention import diagnose
 from atp_jax.diagnostics.summary import diagnosis_json, plot_heatmaps, plot_layers, summarize_pairs, summary_markdown
-from atp_jax.eval.experiment import environment
-from atp_jax.eval.qa import answer_losses
-from atp_jax.eval.records import append_record, read_records
-from atp_jax.eval.report import load_run
+from atp_jax.runs.experiment import environment
+from atp_jax.inference.qa import answer_losses
+from atp_jax.runs.records import append_record, read_records
+from atp_jax.runs.report import load_run
 from atp_jax.models.loading import DEFAULT_MODEL
 from atp_jax.tables.layout import build_layout
 from atp_jax.tables.prompt import PromptStyle

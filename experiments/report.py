@@ -18,7 +18,7 @@ from pathlib import Path
 
 from absl import app, flags
 
-from atp_jax.eval.report import (
+from atp_jax.runs.report import (
     LOSS_METRIC,
     comparison_markdown,
     defense_metrics,

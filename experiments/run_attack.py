@@ -7,7 +7,7 @@ Results go to ``OUTPUT_DIR/results.jsonl`` (or ``results.shardK.jsonl`` per proc
 atomically; a rerun skips the (id, attack) pairs already recorded. ``run.json`` holds the config.
 
 ``--smoothing_k 1,5,9`` also answers each chosen order under the permutation-smoothing defense
-(``atp_jax.eval.smoothing``) with 1, 5 and 9 votes, recorded under ``defended``.
+(``atp_jax.defense.smoothing``) with 1, 5 and 9 votes, recorded under ``defended``.
 """
 
 from __future__ import annotations
@@ -26,12 +26,12 @@ from tqdm import tqdm
 import atp_jax
 from atp_jax.attack.presets import ATTACK_GROUPS, PRESETS, attack_names, canonical, preset
 from atp_jax.distributed import maybe_initialize
-from atp_jax.eval.experiment import environment, run_one
+from atp_jax.runs.experiment import environment, run_one
 from atp_jax.eval.judge import PAPER_JUDGE_PROMPT, ModelJudge, OpenAICompatibleJudge
-from atp_jax.eval.records import read_records
-from atp_jax.eval.report import defense_table, markdown_table, summarize
+from atp_jax.runs.records import read_records
+from atp_jax.runs.report import defense_table, markdown_table, summarize
 from atp_jax.eval.scoring import METRICS, Scorer
-from atp_jax.eval.smoothing import SmoothingConfig
+from atp_jax.defense.smoothing import SmoothingConfig
 from atp_jax.models.loading import DEFAULT_MODEL
 from atp_jax.runs.fingerprints import dataset_fingerprint, model_fingerprint
 from atp_jax.runs.manifest import ManifestMismatch, ResultsFolder, provenance

@@ -12,7 +12,7 @@ from absl import flags
 
 from atp_jax.data.order_filter import DEFAULT_ORDER_FILTER, ORDER_FILTERS
 from atp_jax.distributed import MODES
-from atp_jax.eval.experiment import select_examples
+from atp_jax.runs.experiment import select_examples
 from atp_jax.tables.table import Example
 
 FLAGS = flags.FLAGS

@@ -16,7 +16,7 @@ import atp_jax
 from atp_jax.attack.problem import AttackInputError, make_problem
 from atp_jax.attack.result import Evaluator
 from atp_jax.attack.search import swap_rank_correlation
-from atp_jax.eval.experiment import select_examples
+from atp_jax.runs.experiment import select_examples
 
 _MODEL = flags.DEFINE_string("model", "smollm2-135m-instruct", "Zoo name, HF model directory or .gguf file.")
 _DATASET = flags.DEFINE_string("dataset", "sample", "sample | wtq | tatqa | fetaqa | path.jsonl")

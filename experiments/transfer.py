@@ -24,9 +24,9 @@ from tqdm import tqdm
 import atp_jax
 from atp_jax.data.datasets import load_dataset
 from atp_jax.distributed import MODES, maybe_initialize
-from atp_jax.eval.experiment import environment, manifest_path, replay, results_path
-from atp_jax.eval.records import append_record, done_keys, read_records
-from atp_jax.eval.report import load_run, markdown_table, summarize
+from atp_jax.runs.experiment import environment, manifest_path, replay, results_path
+from atp_jax.runs.records import append_record, done_keys, read_records
+from atp_jax.runs.report import load_run, markdown_table, summarize
 from atp_jax.tables.linearize import STYLES
 from atp_jax.tables.prompt import PromptStyle
 

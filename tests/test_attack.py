@@ -17,7 +17,7 @@ from atp_jax.attack.result import Evaluator
 from atp_jax.attack.run import attack
 from atp_jax.attack.search import predicted_swap_gains, swap_rank_correlation
 from atp_jax.attack.sinkhorn import pin_header
-from atp_jax.eval.qa import answer_loss
+from atp_jax.inference.qa import answer_loss
 from atp_jax.tables.table import Example, Table
 
 EXAMPLE = Example(

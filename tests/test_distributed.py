@@ -7,7 +7,7 @@ import pytest
 from atp_jax import distributed
 from atp_jax.data.datasets import filter_examples, load_dataset
 from atp_jax.distributed import detect_cluster, initialize_kwargs, maybe_initialize
-from atp_jax.eval.experiment import select_examples
+from atp_jax.runs.experiment import select_examples
 
 CLUSTER_VARS = ("SLURM_NTASKS", "SLURM_STEP_NUM_TASKS", "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES",
                 "JAX_PROCESS_ID", "TPU_WORKER_HOSTNAMES", "TPU_PROCESS_ADDRESSES")

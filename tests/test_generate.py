@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from atp_jax.eval.generate import greedy_decode
+from atp_jax.inference.generate import greedy_decode
 from atp_jax.models.config import ModelConfig
 from atp_jax.models.modeling import default_positions, random_model
 

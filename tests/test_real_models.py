@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from atp_jax import load_model
-from atp_jax.eval.generate import chat_prompt_ids, generate_chat, generate_ids
+from atp_jax.inference.generate import chat_prompt_ids, generate_chat, generate_ids
 from atp_jax.models import zoo
 
 TOY_TABLE = "| Player | Team | Goals |\n| --- | --- | --- |\n| Alice | Red | 12 |\n| Bob | Blue | 7 |\n| Carol | Green | 9 |"
@@ -66,7 +66,7 @@ def test_qwen_answers_the_toy_table_question():
 
 def test_answer_loss_equals_mean_token_cross_entropy_from_full_logits(smollm):
     from atp_jax.data.datasets import load_dataset
-    from atp_jax.eval.qa import answer_loss, answer_losses
+    from atp_jax.inference.qa import answer_loss, answer_losses
     from atp_jax.tables.prompt import reference_answer, render_prompt
 
     example = load_dataset("sample")[3]

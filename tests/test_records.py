@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from atp_jax.attack.presets import preset
-from atp_jax.eval import records as records_module
-from atp_jax.eval.experiment import manifest_path, replay, results_path, run_one
-from atp_jax.eval.qa import answer_losses
-from atp_jax.eval.records import append_record, done_keys, read_records
+from atp_jax.runs import records as records_module
+from atp_jax.runs.experiment import manifest_path, replay, results_path, run_one
+from atp_jax.inference.qa import answer_losses
+from atp_jax.runs.records import append_record, done_keys, read_records
 from atp_jax.tables.prompt import PromptStyle
 from atp_jax.tables.table import Example, Table
 

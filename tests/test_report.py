@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from atp_jax.eval.records import append_record
-from atp_jax.eval.report import (
+from atp_jax.runs.records import append_record
+from atp_jax.runs.report import (
     bootstrap_ci, load_run, plot_scores, plot_sweeps, results_files, score_csv, score_markdown,
     score_tables, sweep_rows, sweep_value,
 )
@@ -282,7 +282,7 @@ def test_sweep_rows_sorted_by_value(tmp_path):
 
 
 def test_paired_comparisons_by_hand():
-    from atp_jax.eval.report import comparison_markdown, paired_comparisons
+    from atp_jax.runs.report import comparison_markdown, paired_comparisons
 
     records = [rec("e1", "search_warm", 3.0), rec("e1", "search_warm_reversed", 2.0),
                rec("e2", "search_warm", 1.0), rec("e2", "search_warm_reversed", 1.5),
@@ -295,7 +295,7 @@ def test_paired_comparisons_by_hand():
 
 
 def test_option_rows_by_hand():
-    from atp_jax.eval.report import option_rows
+    from atp_jax.runs.report import option_rows
 
     records = [rec("e1", "atp_st", 2.0), rec("e2", "atp_st", 4.0),
                rec("e1", "atp_st@init=uniform", 3.0), rec("e2", "atp_st@init=uniform", 3.0),
@@ -311,7 +311,7 @@ def test_option_rows_by_hand():
 
 
 def test_summaries_skip_the_text_beside_a_null_judge_score():
-    from atp_jax.eval.report import available_metrics, summarize
+    from atp_jax.runs.report import available_metrics, summarize
 
     records = [rec("e1", "vanilla", 1.0, accuracy=1.0), rec("e2", "vanilla", 2.0, accuracy=0.0)]
     records[0]["scores"].update(judge=0.5)

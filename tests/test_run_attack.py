@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from atp_jax.eval.report import load_run
+from atp_jax.runs.report import load_run
 from atp_jax.models import zoo
 
 REPO = Path(__file__).resolve().parents[1]

@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 
 from atp_jax.attack.presets import preset
-from atp_jax.eval.experiment import run_one
-from atp_jax.eval.metrics import normalize_wtq
-from atp_jax.eval.qa import answers
-from atp_jax.eval.records import append_record
-from atp_jax.eval.report import defense_metric, defense_rows, defense_table
-from atp_jax.eval.smoothing import (
+from atp_jax.runs.experiment import run_one
+from atp_jax.tables.normalize import normalize_wtq
+from atp_jax.inference.qa import answers
+from atp_jax.runs.records import append_record
+from atp_jax.runs.report import defense_metric, defense_rows, defense_table
+from atp_jax.defense.smoothing import (
     SmoothedAnswer,
     SmoothingConfig,
     canonical_order,
@@ -173,7 +173,7 @@ def first_row_answerer(monkeypatch):
     def fake_answers(loaded, example, tables, style, max_new_tokens):
         return [t.rows[0][t.header.index("Team")] for t in tables]
 
-    monkeypatch.setattr("atp_jax.eval.smoothing.answers", fake_answers)
+    monkeypatch.setattr("atp_jax.defense.smoothing.answers", fake_answers)
 
 
 def test_canonical_smoothing_defeats_an_order_sensitive_answerer(first_row_answerer):

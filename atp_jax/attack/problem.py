@@ -23,7 +23,7 @@ import numpy as np
 
 from flax import struct
 
-from atp_jax.eval.qa import answers as generate_answers
+from atp_jax.inference.qa import answers as generate_answers
 from atp_jax.models.loading import LoadedModel
 from atp_jax.models.modeling import KVCache, Transformer
 from atp_jax.tables.layout import Layout, build_layout, full_row_perm, place

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from atp_jax.attack.problem import AttackProblem, hard_losses
-from atp_jax.eval.qa import answer_losses
+from atp_jax.inference.qa import answer_losses
 from atp_jax.models.loading import LoadedModel
 from atp_jax.tables.table import Table
 

@@ -28,10 +28,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from atp_jax.eval.metrics import normalize_wtq
 from atp_jax.models.loading import LoadedModel
 from atp_jax.models.modeling import Transformer
 from atp_jax.tables.layout import SLOT_RUN, Layout, build_layout
+from atp_jax.tables.normalize import normalize_wtq
 from atp_jax.tables.prompt import PromptStyle, encode_text, render_prompt
 from atp_jax.tables.table import Example
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from atp_jax.diagnostics.attention import Diagnosis
-from atp_jax.eval.report import new_figure
+from atp_jax.plotting import new_figure
 
 MEASURES = ("evidence", "row_boundary", "within_row")
 _LABELS = {

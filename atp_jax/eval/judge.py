@@ -262,7 +262,7 @@ class ModelJudge:
     @classmethod
     def from_model(cls, loaded, max_new_tokens: int = 16, prompt: JudgePrompt = PAPER_JUDGE_PROMPT) -> ModelJudge:
         """A judge that is any model atp-jax loads, answering through its own greedy generation."""
-        from atp_jax.eval.generate import generate_chat
+        from atp_jax.inference.generate import generate_chat
 
         return cls(lambda prompts: generate_chat(loaded, prompts, max_new_tokens=max_new_tokens), prompt)
 

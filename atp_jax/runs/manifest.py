@@ -27,7 +27,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from atp_jax.eval.records import append_record, done_keys
+from atp_jax.runs.records import append_record, done_keys
 
 MANIFEST_VERSION = 2
 # Every package whose version can change a recorded number.

@@ -46,9 +46,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from atp_jax.eval.metrics import normalize_wtq
-from atp_jax.eval.qa import answers
+from atp_jax.inference.qa import answers
 from atp_jax.models.loading import LoadedModel
+from atp_jax.tables.normalize import normalize_wtq
 from atp_jax.tables.prompt import PromptStyle
 from atp_jax.tables.table import Example, Table
 

@@ -15,17 +15,17 @@ from pathlib import Path
 
 import jax
 
-import atp_jax
 from atp_jax.attack.config import AttackConfig
 from atp_jax.attack.problem import AttackInputError, make_problem
 from atp_jax.attack.run import attack
 from atp_jax.data.datasets import DEFAULT_ORDER_FILTER, filter_examples, load_dataset
-from atp_jax.eval.qa import answer_losses, answers
+from atp_jax.defense.smoothing import SmoothingConfig, smoothed_answers
 from atp_jax.eval.scoring import Scorer
-from atp_jax.eval.smoothing import SmoothingConfig, smoothed_answers
+from atp_jax.inference.qa import answer_losses, answers
 from atp_jax.models.loading import LoadedModel
 from atp_jax.tables.prompt import PromptStyle
 from atp_jax.tables.table import Example
+from atp_jax.version import __version__
 
 
 def select_examples(
@@ -80,7 +80,7 @@ def manifest_path(output_dir: str | os.PathLike, process_index: int, process_cou
 
 def environment() -> dict:
     """Versions and devices, for a run's manifest (touches the JAX backend)."""
-    return {"jax": jax.__version__, "atp_jax": atp_jax.__version__, "python": platform.python_version(),
+    return {"jax": jax.__version__, "atp_jax": __version__, "python": platform.python_version(),
             "devices": [str(d) for d in jax.devices()]}
 
 
@@ -119,7 +119,7 @@ def run_one(
 
     ``smoothing`` (needs ``generate``) adds the permutation-smoothing defense on the chosen order:
     ``defended`` maps ``smooth_kK`` for each K in ``smoothing_ks`` (default ``(smoothing.k,)``) to
-    ``{"prediction", "scores", "agreement"}`` (see ``atp_jax.eval.smoothing``), and ``defense_seconds``
+    ``{"prediction", "scores", "agreement"}`` (see ``atp_jax.defense.smoothing``), and ``defense_seconds``
     the time of its one batched generation.
     """
     if smoothing is not None and not generate:

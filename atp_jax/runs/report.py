@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from atp_jax.attack.presets import PRESETS, control_pairs, preset
-from atp_jax.eval.records import read_records
+from atp_jax.plotting import new_figure
+from atp_jax.runs.records import read_records
 
 REFERENCE_ATTACK = "best_of_k"
 
@@ -369,17 +370,6 @@ def score_csv(tables: list[ScoreTable]) -> str:
                 row += [repr(v) if isinstance(v, float) else v for v in values] or [""] * (4 if with_ci else 2)
             writer.writerow(row)
     return buffer.getvalue()
-
-
-def new_figure(width: float, height: float):
-    """A matplotlib Figure of ``width`` x ``height`` inches with an Agg canvas (PNG output, no pyplot)."""
-    # The object API with an explicit Agg canvas: no pyplot, no global backend to switch.
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    figure = Figure(figsize=(width, height), layout="constrained")
-    FigureCanvasAgg(figure)
-    return figure
 
 
 def plot_scores(tables: list[ScoreTable], path: str | os.PathLike) -> None:

@@ -13,11 +13,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from atp_jax.eval.generate import generate_ids, padded_length
+from atp_jax.inference.generate import generate_ids, padded_length
 from atp_jax.models.loading import LoadedModel
 from atp_jax.models.modeling import Transformer
-from atp_jax.tables.prompt import PromptStyle, encode_text, extract_answer, reference_answer, render_prompt
+from atp_jax.tables.prompt import (
+    PromptStyle,
+    encode_text,
+    extract_answer,
+    reference_answer,
+    render_prompt,
+)
 from atp_jax.tables.table import Example, Table
+
 
 def prompt_ids(loaded: LoadedModel, example: Example, table: Table | None = None, style=PromptStyle()) -> list[int]:
     """Token ids of the chat prompt (up to the assistant header) over ``table`` (default: the example's)."""

@@ -1,0 +1,1 @@
+"""Defenses against order attacks (permutation smoothing)."""

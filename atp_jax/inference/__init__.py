@@ -1,0 +1,1 @@
+"""Inference: greedy generation and the reference answer's loss, always over re-rendered prompts."""
