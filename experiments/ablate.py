@@ -27,7 +27,7 @@ from tqdm import tqdm
 import atp_jax
 from atp_jax.attack.presets import PRESETS, canonical, one_option_changes, preset
 from atp_jax.distributed import maybe_initialize
-from atp_jax.runs.experiment import environment, run_one
+from atp_jax.runs.experiment import environment, memory_budget_bytes, run_one
 from atp_jax.runs.report import (
     markdown_table, merge_records, option_rows, plot_sweeps, results_files, sweep_overrides, sweep_rows,
 )
@@ -51,6 +51,8 @@ flags.DEFINE_integer("seed", 0, "Seed of every attack.")
 flags.DEFINE_integer("max_new_tokens", 32, "Generation budget for the answer under the chosen order.")
 flags.DEFINE_bool("generate", True, "Generate and score the model's answer under each chosen order.")
 flags.DEFINE_string("output_dir", "results/ablation", "Where the sweep folders, ablation.md and ablation.png go.")
+flags.DEFINE_float("memory_budget_gb", None, "Skip (and record why) examples whose attention weights alone would "
+                   "need more memory than this; default: half of this machine's memory.")
 flags.DEFINE_bool("restart", False, "Set aside (rename) sweep folders recorded under another model, dataset, style "
                   "or seed and start over; without it such a resume is refused.")
 FLAGS = flags.FLAGS
@@ -133,7 +135,10 @@ def main(argv):
             done |= {(parameter, *key) for key in folders[parameter].done_keys()}
     except (ManifestMismatch, ValueError) as e:
         sys.exit(str(e))
-    model = atp_jax.load_model(FLAGS.model)
+    try:
+        model = atp_jax.load_model(FLAGS.model)
+    except (ValueError, OSError) as e:  # a corrupt or truncated file, a config the decoder cannot take
+        sys.exit(f"--model {FLAGS.model}: {e}")
 
     points = [(p, name) for p, configs in sweeps.items() for name in configs]
     todo = [(ex, p, n) for ex in examples for p, n in points if (p, ex.id, n) not in done]
@@ -145,7 +150,8 @@ def main(argv):
             if (parameter, example.id, name) in done:
                 continue
             record = run_one(model, example, name, sweeps[parameter][name], style, problems=problems,
-                             generate=FLAGS.generate, max_new_tokens=FLAGS.max_new_tokens)
+                             generate=FLAGS.generate, max_new_tokens=FLAGS.max_new_tokens,
+                             memory_budget_bytes=memory_budget_bytes(FLAGS.memory_budget_gb))
             folders[parameter].append(record)
             bar.update()
     bar.close()

@@ -26,7 +26,7 @@ from tqdm import tqdm
 import atp_jax
 from atp_jax.attack.presets import ATTACK_GROUPS, PRESETS, attack_names, canonical, preset
 from atp_jax.distributed import maybe_initialize
-from atp_jax.runs.experiment import environment, run_one
+from atp_jax.runs.experiment import environment, memory_budget_bytes, run_one
 from atp_jax.eval.judge import PAPER_JUDGE_PROMPT, ModelJudge, OpenAICompatibleJudge
 from atp_jax.runs.records import read_records
 from atp_jax.runs.report import defense_table, markdown_table, summarize
@@ -67,6 +67,8 @@ flags.DEFINE_string("judge_url", None, "The 'judge' metric from an OpenAI-compat
 flags.DEFINE_string("judge_name", "judge", "The model name sent to --judge_url.")
 flags.DEFINE_string("judge_api_key_env", "OPENAI_API_KEY", "Environment variable holding --judge_url's API key.")
 flags.DEFINE_string("output_dir", "results/demo", "Where results.jsonl, run.json and flags.txt go.")
+flags.DEFINE_float("memory_budget_gb", None, "Skip (and record why) examples whose attention weights alone would "
+                   "need more memory than this; default: half of this machine's memory.")
 flags.DEFINE_bool("restart", False, "When --output_dir holds records of another model, dataset, style, seed or "
                   "attack configuration: set them aside (renamed, never deleted) and start over. Without it such a "
                   "resume is refused.")
@@ -200,7 +202,10 @@ def main(argv):
     except (ManifestMismatch, ValueError) as e:
         sys.exit(str(e))
 
-    model = atp_jax.load_model(FLAGS.model)
+    try:
+        model = atp_jax.load_model(FLAGS.model)
+    except (ValueError, OSError) as e:  # a corrupt or truncated file, a config the decoder cannot take
+        sys.exit(f"--model {FLAGS.model}: {e}")
     judge = judge_url
     if FLAGS.judge_model:
         same = FLAGS.judge_model == FLAGS.model
@@ -219,7 +224,8 @@ def main(argv):
                 continue
             record = run_one(model, example, name, config, style, problems=problems, generate=FLAGS.generate,
                              max_new_tokens=FLAGS.max_new_tokens, smoothing=smoothing,
-                             smoothing_ks=smoothing_ks or None, scorer=scorer)
+                             smoothing_ks=smoothing_ks or None, scorer=scorer,
+                             memory_budget_bytes=memory_budget_bytes(FLAGS.memory_budget_gb))
             folder.append(record)
             bar.set_postfix(_running_means(record, running), refresh=False)
             bar.update()

@@ -151,7 +151,7 @@ def test_bad_json_names_the_line(tmp_path):
 def test_missing_key_names_line_and_key(tmp_path):
     record = _record()
     del record["answers"]
-    path = _write_lines(tmp_path / "k.jsonl", [json.dumps(_record()), json.dumps(_record()), json.dumps(record)])
+    path = _write_lines(tmp_path / "k.jsonl", [json.dumps(_record(id="x-2")), json.dumps(_record(id="x-3")), json.dumps(record)])
     with pytest.raises(ValueError, match=r"k\.jsonl:3: missing key 'answers'"):
         load_jsonl(path)
 
@@ -177,7 +177,7 @@ def test_malformed_fields(tmp_path):
 
 
 def test_a_record_without_dataset_is_refused_unless_the_caller_names_it(tmp_path):
-    record = _record()
+    record = _record(id="x-2")
     del record["dataset"]
     path = _write_lines(tmp_path / "d.jsonl", [json.dumps(_record()), json.dumps(record)])
     with pytest.raises(ValueError, match=r"d\.jsonl:2: no 'dataset' field.*add \"dataset\".*dataset=") as error:
@@ -188,7 +188,7 @@ def test_a_record_without_dataset_is_refused_unless_the_caller_names_it(tmp_path
     # Named, the dataset fills the missing field; a record naming the same one is kept as it is.
     assert [e.dataset for e in load_jsonl(path, dataset="wtq")] == ["wtq", "wtq"]
     assert [e.dataset for e in load_dataset(path, dataset="wtq")] == ["wtq", "wtq"]
-    _write_lines(path, [json.dumps(record), json.dumps(_record(dataset=""))])
+    _write_lines(path, [json.dumps(record), json.dumps(_record(dataset=""))])  # ids x-2 and x-1
     assert [e.dataset for e in load_jsonl(path, dataset="tatqa")] == ["tatqa", "tatqa"]
 
 
@@ -341,3 +341,17 @@ def test_filter_examples():
     assert ids(filter_examples(listed, order_sensitive=False, max_cols=2)) == ["who was first?", "how many?", "total?"]
     with pytest.raises(ValueError, match="max_rows must be a non-negative int"):
         filter_examples(examples, max_rows=-1)
+
+
+def test_duplicate_ids_are_refused_with_both_line_numbers(tmp_path):
+    path = _write_lines(tmp_path / "dup.jsonl", [json.dumps(_record(id="a")), json.dumps(_record(id="b")),
+                                                 json.dumps(_record(id="a"))])
+    with pytest.raises(ValueError, match=r"dup\.jsonl:3: duplicate id 'a' \(first at line 1\)"):
+        load_jsonl(path)
+
+
+def test_missing_cells_in_a_file_are_empty_cells(tmp_path):
+    record = _record(table={"header": ["Team", "Year"], "rows": [["A", None], ["B", float("nan")]]})
+    path = _write_lines(tmp_path / "nan.jsonl", [json.dumps(record)])  # json writes NaN; Python reads it back
+    (example,) = load_jsonl(path)
+    assert example.table.rows == (("A", ""), ("B", ""))

@@ -60,7 +60,7 @@ def test_numbers_are_converted_with_str():
     assert table.rows == (("1", "2.5"),)
 
 
-@pytest.mark.parametrize("bad", [None, True, ["x"], b"bytes", {"a": 1}])
+@pytest.mark.parametrize("bad", [True, ["x"], b"bytes", {"a": 1}, np.bool_(True)])
 def test_other_cell_types_are_rejected_with_their_position(bad):
     with pytest.raises(TypeError, match=r"row 1, cell 0"):
         Table(["a"], [["ok"], [bad]])
@@ -68,7 +68,7 @@ def test_other_cell_types_are_rejected_with_their_position(bad):
 
 def test_bad_header_cell_is_named():
     with pytest.raises(TypeError, match=r"header, cell 1"):
-        Table(["a", None], [])
+        Table(["a", ["b"]], [])
 
 
 def test_string_header_or_row_is_rejected():
@@ -184,3 +184,9 @@ def test_example_validates_types():
         Example("q", {"header": []}, ["a"], "id")
     with pytest.raises(TypeError, match="id must be str"):
         Example("q", table, ["a"], 7)
+
+
+def test_missing_cells_are_empty_and_numpy_numbers_are_text():
+    table = Table(["a", None, "c"], [[None, float("nan"), np.float64("nan")], [np.int64(3), np.float32(0.5), 2.5]])
+    assert table.header == ("a", "", "c")
+    assert table.rows == (("", "", ""), ("3", "0.5", "2.5"))

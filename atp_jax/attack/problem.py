@@ -20,7 +20,6 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-
 from flax import struct
 
 from atp_jax.inference.qa import answers as generate_answers
@@ -71,6 +70,14 @@ class AttackProblem:
     def n_cols(self) -> int:
         return self.layout.n_cols
 
+    def attention_bytes(self, config, batch: int, through_layers: bool) -> int:
+        """Bytes of float32 attention weights ``[batch, heads, S_body, P + S_body]`` — per layer, or for every
+        layer at once when a backward keeps them (``through_layers``): the part of an attack's memory that
+        grows with the square of the prompt."""
+        S, T = self.layout.body_length, self.layout.prefix_length + self.layout.body_length
+        layers = config.num_layers if through_layers else 1
+        return 4 * layers * batch * config.num_heads * S * T
+
 
 def make_problem(
     loaded: LoadedModel,
@@ -83,6 +90,8 @@ def make_problem(
     if objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
     table = example.table
+    if table.n_rows == 0 or table.n_cols == 0:
+        raise AttackInputError(f"example {example.id!r}: the table has no data rows or no columns; nothing to reorder")
     if table.n_rows < 2 and table.n_cols < 2:
         raise AttackInputError(
             f"example {example.id!r}: a {table.n_rows}x{table.n_cols} table has no order to attack"

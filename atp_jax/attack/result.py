@@ -18,6 +18,7 @@ from atp_jax.models.loading import LoadedModel
 from atp_jax.tables.table import Table
 
 _BATCH_BUCKETS = (1, 2, 4, 8)  # candidate batches are padded up to one of these: few compiles
+CANDIDATE_BATCH = _BATCH_BUCKETS[-1]  # the most orders one forward evaluates
 
 
 @dataclasses.dataclass(frozen=True)

@@ -150,14 +150,15 @@ def load_jsonl(path: str | os.PathLike[str], dataset: str | None = None) -> list
     Raises:
         FileNotFoundError: if ``path`` does not exist.
         ValueError: for a line that is not valid JSON, lacks a required key or the ``dataset`` field
-            (without ``dataset=``), names an unknown or contradicting dataset, or holds a malformed table;
-            the message starts with ``<path>:<line number>:``.
+            (without ``dataset=``), names an unknown or contradicting dataset, holds a malformed table, or
+            repeats an earlier record's id (results are keyed by id); the message starts with
+            ``<path>:<line number>:``.
     """
     _check_dataset_name(dataset)
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no such JSONL file: {path}")
-    examples = []
+    examples, first_line = [], {}
     with path.open(encoding="utf-8") as handle:
         for line_number, line in enumerate(handle, start=1):
             if not line.strip():
@@ -169,9 +170,14 @@ def load_jsonl(path: str | os.PathLike[str], dataset: str | None = None) -> list
                     f"{path}:{line_number}: invalid JSON ({error.msg} at column {error.colno})"
                 ) from None
             try:
-                examples.append(example_from_dict(_record_with_dataset(record, dataset)))
+                example = example_from_dict(_record_with_dataset(record, dataset))
             except (ValueError, TypeError) as error:
                 raise ValueError(f"{path}:{line_number}: {error}") from error
+            if example.id in first_line:
+                raise ValueError(f"{path}:{line_number}: duplicate id {example.id!r} (first at line "
+                                 f"{first_line[example.id]}); give every record its own id: results are keyed by it")
+            first_line[example.id] = line_number
+            examples.append(example)
     return examples
 
 

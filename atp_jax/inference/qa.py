@@ -26,6 +26,19 @@ from atp_jax.tables.prompt import (
 from atp_jax.tables.table import Example, Table
 
 
+class InputTooLong(ValueError):
+    """A prompt (plus the tokens to score or generate after it) longer than the model's context."""
+
+
+def check_context(loaded: LoadedModel, example: Example, prompt_length: int, extra_tokens: int) -> None:
+    """Raises ``InputTooLong`` when ``prompt_length + extra_tokens`` exceeds the model's context."""
+    limit = loaded.config.max_position_embeddings
+    if prompt_length + extra_tokens > limit:
+        raise InputTooLong(f"example {example.id!r}: the prompt has {prompt_length} tokens and {extra_tokens} more are "
+                           f"needed after it, over the model's context of {limit}; filter long tables out "
+                           "(--max_rows/--max_cols)")
+
+
 def prompt_ids(loaded: LoadedModel, example: Example, table: Table | None = None, style=PromptStyle()) -> list[int]:
     """Token ids of the chat prompt (up to the assistant header) over ``table`` (default: the example's)."""
     return encode_text(loaded.tokenizer, render_prompt(loaded.tokenizer, example, table, style).text)
@@ -57,6 +70,7 @@ def answer_losses(
     target = encode_text(tok, reference_answer(example))
     prompts = [prompt_ids(loaded, example, t, style) for t in tables]
     A = len(target)
+    check_context(loaded, example, max(len(p) for p in prompts), A)
     losses = []
     for start in range(0, len(prompts), batch_size):
         chunk = prompts[start:start + batch_size]
@@ -89,6 +103,7 @@ def answers(
     if max_new_tokens is None:
         max_new_tokens = 32 if style.reasoning == "concise" else 256
     prompts = [prompt_ids(loaded, example, t, style) for t in tables]
+    check_context(loaded, example, max(len(p) for p in prompts), max_new_tokens)
     replies = generate_ids(loaded, prompts, max_new_tokens)
     return [extract_answer(loaded.tokenizer.decode(r, skip_special_tokens=True), style) for r in replies]
 

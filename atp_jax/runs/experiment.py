@@ -15,13 +15,21 @@ from pathlib import Path
 
 import jax
 
+from atp_jax.attack import registry
 from atp_jax.attack.config import AttackConfig
 from atp_jax.attack.problem import AttackInputError, make_problem
+from atp_jax.attack.result import CANDIDATE_BATCH
 from atp_jax.attack.run import attack
 from atp_jax.data.datasets import DEFAULT_ORDER_FILTER, filter_examples, load_dataset
 from atp_jax.defense.smoothing import SmoothingConfig, smoothed_answers
 from atp_jax.eval.scoring import Scorer
-from atp_jax.inference.qa import answer_losses, answers
+from atp_jax.inference.qa import (
+    InputTooLong,
+    answer_losses,
+    answers,
+    check_context,
+    prompt_ids,
+)
 from atp_jax.models.loading import LoadedModel
 from atp_jax.tables.prompt import PromptStyle
 from atp_jax.tables.table import Example
@@ -90,6 +98,13 @@ def _answer_and_scores(model: LoadedModel, example: Example, tables, style: Prom
     return list(zip(predictions, (scorer or Scorer())(example, predictions)))
 
 
+def memory_budget_bytes(gigabytes: float | None = None) -> int:
+    """``gigabytes`` in bytes; by default half of this machine's physical memory."""
+    if gigabytes is not None:
+        return int(gigabytes * 2**30)
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+
+
 def run_one(
     model: LoadedModel,
     example: Example,
@@ -103,6 +118,7 @@ def run_one(
     smoothing: SmoothingConfig | None = None,
     smoothing_ks: Sequence[int] | None = None,
     scorer: Scorer | None = None,
+    memory_budget_bytes: int | None = None,
 ) -> dict:
     """Runs attack ``name`` (configured by ``config``) on ``example`` and returns its result record.
 
@@ -117,6 +133,9 @@ def run_one(
     ``problems`` caches the example's precomputation by objective across calls; pass the same dict for
     every attack of one example (and a fresh one for the next example).
 
+    ``memory_budget_bytes`` skips an example whose attention weights alone would exceed it (a long cell can ask
+    for tens of GB), with the reason recorded.
+
     ``smoothing`` (needs ``generate``) adds the permutation-smoothing defense on the chosen order:
     ``defended`` maps ``smooth_kK`` for each K in ``smoothing_ks`` (default ``(smoothing.k,)``) to
     ``{"prediction", "scores", "agreement"}`` (see ``atp_jax.defense.smoothing``), and ``defense_seconds``
@@ -126,10 +145,20 @@ def run_one(
         raise ValueError("smoothing votes over generated answers: pass generate=True, or smoothing=None")
     problems = {} if problems is None else problems
     try:
+        if generate:  # the answer under the chosen order must fit too: find out before the attack runs
+            check_context(model, example, len(prompt_ids(model, example, style=style)), max_new_tokens)
         if config.objective not in problems:
             problems[config.objective] = make_problem(model, example, style, config.objective)
-        result = attack(model, example, config, style, name=name, problem=problems[config.objective])
-    except AttackInputError as e:
+        problem = problems[config.objective]
+        if memory_budget_bytes is not None:
+            method = registry.method_of(config)
+            batch = getattr(config, "restarts", 1) if method.uses_gradient else CANDIDATE_BATCH
+            need = problem.attention_bytes(model.config, batch, through_layers=method.uses_gradient)
+            if need > memory_budget_bytes:
+                raise AttackInputError(f"example {example.id!r}: attention alone needs {need / 2**30:.1f} GiB, over the "
+                                       f"memory budget of {memory_budget_bytes / 2**30:.1f} GiB (--memory_budget_gb)")
+        result = attack(model, example, config, style, name=name, problem=problem)
+    except (AttackInputError, InputTooLong) as e:
         return {"id": example.id, "attack": name, "skipped": str(e)}
     start = time.perf_counter()
     prediction, scores = None, {}

@@ -7,15 +7,19 @@ which reorders data rows and columns while the header stays the first row.
 Cell types
 ----------
 Cells are stored as ``str``. Integers and floats (JSON numbers are common in table
-dumps) are converted with ``str()``. Every other type is rejected with a ``TypeError``
-that names the cell: ``str(None)`` would silently become the text ``"None"`` and
-``str([...])`` a Python list literal, and neither is what the author of the table meant.
-``bool`` is rejected too, although it is an ``int`` subclass, because ``"True"`` in a
-cell almost always means a bug upstream.
+dumps), NumPy's among them, are converted with ``str()``. A *missing* cell — ``None``
+(JSON ``null``) or a float NaN (pandas' missing value) — becomes the empty cell ``""``,
+as the datasets write blank cells; it never becomes the text ``"None"`` or ``"nan"``.
+Every other type is rejected with a ``TypeError`` that names the cell: ``str([...])``
+would be a Python list literal, not what the author of the table meant. ``bool`` is
+rejected too, although it is an ``int`` subclass, because ``"True"`` in a cell almost
+always means a bug upstream.
 """
 
 from __future__ import annotations
 
+import math
+import numbers
 import operator
 import types
 from collections.abc import Mapping, Sequence
@@ -29,13 +33,18 @@ def _coerce_cell(value: Any, where: str) -> str:
     """Return ``value`` as a cell string, or raise ``TypeError`` naming ``where``."""
     if isinstance(value, str):
         return value
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if value is None:
+        return ""  # a missing cell
+    # numbers.Integral/Real admit NumPy scalars; NumPy's bool is neither, Python's bool is Integral.
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(
             f"{where} is {type(value).__name__} {value!r}; cells must be str "
-            "(int and float are converted with str()). Convert the value before "
-            "building the Table, e.g. use '' for a missing cell."
+            "(numbers are converted with str(), None and NaN become ''). Convert the value before "
+            "building the Table."
         )
-    return str(value)
+    if isinstance(value, numbers.Integral):
+        return str(int(value))
+    return "" if math.isnan(value) else str(value)
 
 
 def _coerce_row(row: Any, where: str) -> tuple[str, ...]:
