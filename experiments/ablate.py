@@ -28,11 +28,17 @@ import atp_jax
 from atp_jax.attack.presets import PRESETS, canonical, one_option_changes, preset
 from atp_jax.distributed import maybe_initialize
 from atp_jax.runs.experiment import environment, memory_budget_bytes, run_one
-from atp_jax.runs.report import (
-    markdown_table, merge_records, option_rows, plot_sweeps, results_files, sweep_overrides, sweep_rows,
-)
 from atp_jax.runs.fingerprints import dataset_fingerprint, model_fingerprint
 from atp_jax.runs.manifest import ManifestMismatch, ResultsFolder, provenance
+from atp_jax.runs.report import (
+    markdown_table,
+    merge_records,
+    option_rows,
+    plot_sweeps,
+    results_files,
+    sweep_overrides,
+    sweep_rows,
+)
 from atp_jax.tables.linearize import STYLES
 from atp_jax.tables.prompt import PromptStyle
 
@@ -42,8 +48,12 @@ flags.DEFINE_string("model", "smollm2-135m-instruct", "Zoo name, HF model direct
 selection.define_flags(num_examples=12)
 flags.DEFINE_enum("style", "markdown", list(STYLES), "Table linearization.")
 flags.DEFINE_string("attack", "paper", "The preset swept (an ATP preset; N_attack also takes a search preset).")
-flags.DEFINE_list("sweeps", "lambda,n_attack", f"Which sweeps to run: {', '.join(SWEEPS)} (options: "
-                  "atp_jax.attack.presets.one_option_changes, each against the preset itself).")
+flags.DEFINE_list(
+    "sweeps",
+    "lambda,n_attack",
+    f"Which sweeps to run: {', '.join(SWEEPS)} (options: "
+    "atp_jax.attack.presets.one_option_changes, each against the preset itself).",
+)
 flags.DEFINE_list("lambdas", "0,1,5,10,20", "λ values (λ_r = λ_c).")
 flags.DEFINE_list("n_attacks", "5,10,20,40", "N_attack values.")
 flags.DEFINE_list("lrs", "0.03,0.1,0.3,1,3", "Adam learning rates (the lr sweep; ATP presets only).")
@@ -51,10 +61,18 @@ flags.DEFINE_integer("seed", 0, "Seed of every attack.")
 flags.DEFINE_integer("max_new_tokens", 32, "Generation budget for the answer under the chosen order.")
 flags.DEFINE_bool("generate", True, "Generate and score the model's answer under each chosen order.")
 flags.DEFINE_string("output_dir", "results/ablation", "Where the sweep folders, ablation.md and ablation.png go.")
-flags.DEFINE_float("memory_budget_gb", None, "Skip (and record why) examples whose attention weights alone would "
-                   "need more memory than this; default: half of this machine's memory.")
-flags.DEFINE_bool("restart", False, "Set aside (rename) sweep folders recorded under another model, dataset, style "
-                  "or seed and start over; without it such a resume is refused.")
+flags.DEFINE_float(
+    "memory_budget_gb",
+    None,
+    "Skip (and record why) examples whose attention weights alone would "
+    "need more memory than this; default: half of this machine's memory.",
+)
+flags.DEFINE_bool(
+    "restart",
+    False,
+    "Set aside (rename) sweep folders recorded under another model, dataset, style "
+    "or seed and start over; without it such a resume is refused.",
+)
 FLAGS = flags.FLAGS
 
 
@@ -87,23 +105,31 @@ def _sweep_configs() -> dict[str, dict]:
     sweeps = {}
     if "lambda" in FLAGS.sweeps:
         if method != "atp":
-            sys.exit(f"--attack={name} is a {method!r} preset and has no λ; sweep λ on an ATP preset "
-                     f"({atp_presets}) or pass --sweeps=n_attack")
+            sys.exit(
+                f"--attack={name} is a {method!r} preset and has no λ; sweep λ on an ATP preset "
+                f"({atp_presets}) or pass --sweeps=n_attack"
+            )
         sweeps["lambda"] = _points(name, "lambda", _values("lambdas", float))
     if "n_attack" in FLAGS.sweeps:
         if method not in ("atp", "search"):
-            sys.exit(f"--attack={name} is a {method!r} preset without steps; sweep N_attack on an ATP or search "
-                     f"preset ({atp_presets}, search, …)")
+            sys.exit(
+                f"--attack={name} is a {method!r} preset without steps; sweep N_attack on an ATP or search "
+                f"preset ({atp_presets}, search, …)"
+            )
         sweeps["n_attack"] = _points(name, "n_attack", _values("n_attacks", int))
     if "lr" in FLAGS.sweeps:
         if method != "atp":
-            sys.exit(f"--attack={name} is a {method!r} preset without a learning rate; sweep lr on an ATP preset "
-                     f"({atp_presets})")
+            sys.exit(
+                f"--attack={name} is a {method!r} preset without a learning rate; sweep lr on an ATP preset "
+                f"({atp_presets})"
+            )
         sweeps["lr"] = _points(name, "lr", _values("lrs", float))
     if "options" in FLAGS.sweeps:
         if method != "atp":
-            sys.exit(f"--attack={name} is a {method!r} preset; the options sweep changes ATP options, use one of "
-                     f"{atp_presets}")
+            sys.exit(
+                f"--attack={name} is a {method!r} preset; the options sweep changes ATP options, use one of "
+                f"{atp_presets}"
+            )
         sweeps["options"] = {name: preset(name, seed=FLAGS.seed), **one_option_changes(name, seed=FLAGS.seed)}
     return sweeps
 
@@ -122,16 +148,24 @@ def main(argv):
         sys.exit(f"--dataset {FLAGS.dataset}: no examples selected; loosen --num_examples/--max_rows/--max_cols")
     folders, done = {}, set()
     try:
-        identity = {**model_fingerprint(FLAGS.model), **dataset_fingerprint(FLAGS.dataset, FLAGS.split, FLAGS.data_dir),
-                    "style": dataclasses.asdict(style), "seed": FLAGS.seed, "generate": FLAGS.generate,
-                    "max_new_tokens": FLAGS.max_new_tokens}
+        identity = {
+            **model_fingerprint(FLAGS.model),
+            **dataset_fingerprint(FLAGS.dataset, FLAGS.split, FLAGS.data_dir),
+            "style": dataclasses.asdict(style),
+            "seed": FLAGS.seed,
+            "generate": FLAGS.generate,
+            "max_new_tokens": FLAGS.max_new_tokens,
+        }
         for parameter, configs in sweeps.items():
             folders[parameter] = ResultsFolder(out / parameter, process_index, process_count)
-            folders[parameter].begin({**identity, "sweep": parameter, "base_attack": FLAGS.attack},
-                                     {k: v.as_dict() for k, v in configs.items()}, provenance(sys.argv),
-                                     flags_text=FLAGS.flags_into_string(), restart=FLAGS.restart,
-                                     extra={"examples": len(examples), "selection": selection.manifest(),
-                                            **environment()})
+            folders[parameter].begin(
+                {**identity, "sweep": parameter, "base_attack": FLAGS.attack},
+                {k: v.as_dict() for k, v in configs.items()},
+                provenance(sys.argv),
+                flags_text=FLAGS.flags_into_string(),
+                restart=FLAGS.restart,
+                extra={"examples": len(examples), "selection": selection.manifest(), **environment()},
+            )
             done |= {(parameter, *key) for key in folders[parameter].done_keys()}
     except (ManifestMismatch, ValueError) as e:
         sys.exit(str(e))
@@ -149,9 +183,17 @@ def main(argv):
         for parameter, name in points:
             if (parameter, example.id, name) in done:
                 continue
-            record = run_one(model, example, name, sweeps[parameter][name], style, problems=problems,
-                             generate=FLAGS.generate, max_new_tokens=FLAGS.max_new_tokens,
-                             memory_budget_bytes=memory_budget_bytes(FLAGS.memory_budget_gb))
+            record = run_one(
+                model,
+                example,
+                name,
+                sweeps[parameter][name],
+                style,
+                problems=problems,
+                generate=FLAGS.generate,
+                max_new_tokens=FLAGS.max_new_tokens,
+                memory_budget_bytes=memory_budget_bytes(FLAGS.memory_budget_gb),
+            )
             folders[parameter].append(record)
             bar.update()
     bar.close()

@@ -1,8 +1,8 @@
 """Answers table questions with a model: one toy question, or a dataset with its score.
 
-  python experiments/answer.py                                   # the default model on a toy table
-  python experiments/answer.py --model smollm2-135m-instruct --question "Who has 7 goals?"
-  python experiments/answer.py --dataset sample --num_examples 180 # vanilla accuracy on the sample
+python experiments/answer.py                                   # the default model on a toy table
+python experiments/answer.py --model smollm2-135m-instruct --question "Who has 7 goals?"
+python experiments/answer.py --dataset sample --num_examples 180 # vanilla accuracy on the sample
 """
 
 from __future__ import annotations
@@ -25,8 +25,12 @@ _MODEL = flags.DEFINE_string("model", atp_jax.DEFAULT_MODEL, "Zoo name, HF model
 _QUESTION = flags.DEFINE_string("question", "Who scored the most goals?", "Question about the table.")
 _TABLE = flags.DEFINE_string(
     "table",
-    json.dumps({"header": ["Player", "Team", "Goals"],
-                "rows": [["Alice", "Red", "12"], ["Bob", "Blue", "7"], ["Carol", "Green", "9"]]}),
+    json.dumps(
+        {
+            "header": ["Player", "Team", "Goals"],
+            "rows": [["Alice", "Red", "12"], ["Bob", "Blue", "7"], ["Carol", "Green", "9"]],
+        }
+    ),
     'Table as JSON: {"header": [...], "rows": [[...], ...]}.',
 )
 _DATASET = flags.DEFINE_string("dataset", None, "sample | wtq | tatqa | fetaqa | path.jsonl: score the model on it.")
@@ -57,9 +61,11 @@ def main(argv):
         for metric, value in score(example.dataset or "wtq", prediction, example.answers, example.meta).items():
             totals.setdefault(metric, []).append(value)
         bar.set_postfix({m: f"{statistics.fmean(v):.3f}" for m, v in totals.items()})
-    print(f"{model.name} on {_DATASET.value} ({len(examples)} examples, {style.linearization}, {style.reasoning}): "
-          + ", ".join(f"{m} = {statistics.fmean(v):.3f}" for m, v in totals.items())
-          + f" ({time.perf_counter() - start:.0f} s)")
+    print(
+        f"{model.name} on {_DATASET.value} ({len(examples)} examples, {style.linearization}, {style.reasoning}): "
+        + ", ".join(f"{m} = {statistics.fmean(v):.3f}" for m, v in totals.items())
+        + f" ({time.perf_counter() - start:.0f} s)"
+    )
 
 
 if __name__ == "__main__":

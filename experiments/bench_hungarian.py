@@ -12,10 +12,9 @@ import functools
 import statistics
 import time
 
-from absl import app
-from absl import flags
 import jax
 import numpy as np
+from absl import app, flags
 
 from atp_jax.attack.hungarian import project
 from atp_jax.attack.sinkhorn import sinkhorn

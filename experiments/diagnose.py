@@ -30,11 +30,11 @@ from atp_jax.attack.presets import PRESETS, preset
 from atp_jax.attack.problem import AttackInputError
 from atp_jax.diagnostics.attention import diagnose
 from atp_jax.diagnostics.summary import diagnosis_json, plot_heatmaps, plot_layers, summarize_pairs, summary_markdown
-from atp_jax.runs.experiment import environment
 from atp_jax.inference.qa import answer_losses
+from atp_jax.models.loading import DEFAULT_MODEL
+from atp_jax.runs.experiment import environment
 from atp_jax.runs.records import append_record, read_records
 from atp_jax.runs.report import load_run
-from atp_jax.models.loading import DEFAULT_MODEL
 from atp_jax.tables.layout import build_layout
 from atp_jax.tables.prompt import PromptStyle
 
@@ -69,12 +69,24 @@ def main(argv):
     examples = selection.examples()
     model = atp_jax.load_model(FLAGS.model)
     style = PromptStyle()
-    (out / "run.json").write_text(json.dumps({
-        "model": model.name, "model_source": model.source, "dataset": FLAGS.dataset, "split": FLAGS.split,
-        "attack": FLAGS.attack, "results": FLAGS.results, "examples": len(examples),
-        "selection": selection.manifest(), "seed": FLAGS.seed,
-        **environment(), "argv": sys.argv,
-    }, indent=2))
+    (out / "run.json").write_text(
+        json.dumps(
+            {
+                "model": model.name,
+                "model_source": model.source,
+                "dataset": FLAGS.dataset,
+                "split": FLAGS.split,
+                "attack": FLAGS.attack,
+                "results": FLAGS.results,
+                "examples": len(examples),
+                "selection": selection.manifest(),
+                "seed": FLAGS.seed,
+                **environment(),
+                "argv": sys.argv,
+            },
+            indent=2,
+        )
+    )
 
     pairs_path = out / "pairs.jsonl"
     done = {r["id"] for r in read_records(pairs_path)} if pairs_path.exists() else set()
@@ -97,13 +109,21 @@ def main(argv):
         except ValueError as e:
             append_record(pairs_path, {"id": example.id, "skipped": str(e)})
             continue
-        clean_loss, permuted_loss = answer_losses(model, example, [example.table, example.table.permute(row_perm,
-                                                                                                          col_perm)])
-        append_record(pairs_path, {
-            "id": example.id, "attack": FLAGS.attack, "order_from": source, "clean": diagnosis_json(clean),
-            "permuted": diagnosis_json(permuted), "clean_loss": float(clean_loss),
-            "permuted_loss": float(permuted_loss),
-        })
+        clean_loss, permuted_loss = answer_losses(
+            model, example, [example.table, example.table.permute(row_perm, col_perm)]
+        )
+        append_record(
+            pairs_path,
+            {
+                "id": example.id,
+                "attack": FLAGS.attack,
+                "order_from": source,
+                "clean": diagnosis_json(clean),
+                "permuted": diagnosis_json(permuted),
+                "clean_loss": float(clean_loss),
+                "permuted_loss": float(permuted_loss),
+            },
+        )
 
     pairs = [r for r in read_records(pairs_path) if "skipped" not in r]
     skipped = [r for r in read_records(pairs_path) if "skipped" in r]
@@ -112,8 +132,10 @@ def main(argv):
     summary = summarize_pairs(pairs)
     summary.update(model=model.name, attack=FLAGS.attack, skipped=len(skipped))
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    text = (f"Model {model.name}, adversarial order: {FLAGS.attack}, {len(pairs)} examples "
-            f"({len(skipped)} skipped).\n\n" + summary_markdown(summary))
+    text = (
+        f"Model {model.name}, adversarial order: {FLAGS.attack}, {len(pairs)} examples "
+        f"({len(skipped)} skipped).\n\n" + summary_markdown(summary)
+    )
     (out / "summary.md").write_text(text)
     plot_layers(pairs, out / "layers.png", title=f"{model.name}: original vs {FLAGS.attack} order")
     by_id = {e.id: e for e in examples}

@@ -82,8 +82,11 @@ def _diff(layout_ids: list[int], ref: list[int], byte_lengths: np.ndarray):
     a, b = np.asarray(layout_ids), np.asarray(ref)
     ea, eb = np.cumsum(byte_lengths[a]), np.cumsum(byte_lengths[b])
     if ea[-1] != eb[-1]:
-        ops = [op for op in difflib.SequenceMatcher(None, layout_ids, ref, autojunk=False).get_opcodes()
-               if op[0] != "equal"]
+        ops = [
+            op
+            for op in difflib.SequenceMatcher(None, layout_ids, ref, autojunk=False).get_opcodes()
+            if op[0] != "equal"
+        ]
         return ops, sum(max(i2 - i1, j2 - j1) for _, i1, i2, j1, j2 in ops)
     common = np.intersect1d(ea, eb)
     na = np.searchsorted(ea, common, side="right")  # tokens of a up to each common boundary
@@ -113,26 +116,43 @@ def _explain(tokenizer, layout, table, ids, ref, ops, rp, cp):
         if cell is not None and start <= hi and end >= lo:
             text = table.cells[cell[0]][cell[1]]
             if not cells or cells[-1]["cell"] != list(cell):
-                cells.append({"cell": list(cell), "text": text,
-                              "cell_tokens": tokenizer.convert_ids_to_tokens(
-                                  layout.cell_ids[cell[0], cell[1], : layout.cell_lengths[cell]].tolist())})
+                cells.append(
+                    {
+                        "cell": list(cell),
+                        "text": text,
+                        "cell_tokens": tokenizer.convert_ids_to_tokens(
+                            layout.cell_ids[cell[0], cell[1], : layout.cell_lengths[cell]].tolist()
+                        ),
+                    }
+                )
     ctx = 3
     return {
         "op": tag,
         "position": i1,
         "cells": cells,
-        "layout_tokens": tokenizer.convert_ids_to_tokens(ids[max(0, i1 - ctx): i2 + ctx]),
-        "whole_tokens": tokenizer.convert_ids_to_tokens(ref[max(0, j1 - ctx): j2 + ctx]),
-        "layout_text": tokenizer.decode(ids[max(0, i1 - ctx): i2 + ctx]),
+        "layout_tokens": tokenizer.convert_ids_to_tokens(ids[max(0, i1 - ctx) : i2 + ctx]),
+        "whole_tokens": tokenizer.convert_ids_to_tokens(ref[max(0, j1 - ctx) : j2 + ctx]),
+        "layout_text": tokenizer.decode(ids[max(0, i1 - ctx) : i2 + ctx]),
         "n_ops": len(ops),
     }
 
 
 def _measure(tokenizer, byte_lengths, examples, style_name, seed, n_perms, n_keep):
     style = PromptStyle(linearization=style_name)
-    stats = {"tables": 0, "errors": 0, "identity_mismatch": 0, "perm_pairs": 0, "perm_mismatch": 0,
-             "perm_mismatch_tables": 0, "compositional_but_perm_mismatch": 0,
-             "abs_dlen": [], "diff_frac": [], "diff_tokens": [], "identity_abs_dlen": [], "identity_diff_frac": []}
+    stats = {
+        "tables": 0,
+        "errors": 0,
+        "identity_mismatch": 0,
+        "perm_pairs": 0,
+        "perm_mismatch": 0,
+        "perm_mismatch_tables": 0,
+        "compositional_but_perm_mismatch": 0,
+        "abs_dlen": [],
+        "diff_frac": [],
+        "diff_tokens": [],
+        "identity_abs_dlen": [],
+        "identity_diff_frac": [],
+    }
     examples_out = []
     for t, example in enumerate(tqdm(examples, desc=style_name, leave=False, mininterval=2)):
         table = example.table
@@ -167,8 +187,14 @@ def _measure(tokenizer, byte_lengths, examples, style_name, seed, n_perms, n_kee
             stats["diff_tokens"].append(d)
             stats["diff_frac"].append(d / len(ref))
             if len(examples_out) < n_keep:
-                examples_out.append({"id": example.id, "seq_len": len(ref), "diff_tokens": d,
-                                     **_explain(tokenizer, layout, table, ids, ref, ops, rp, cp)})
+                examples_out.append(
+                    {
+                        "id": example.id,
+                        "seq_len": len(ref),
+                        "diff_tokens": d,
+                        **_explain(tokenizer, layout, table, ids, ref, ops, rp, cp),
+                    }
+                )
         stats["perm_mismatch_tables"] += int(any_mismatch)
     for key in ("abs_dlen", "diff_frac", "diff_tokens", "identity_abs_dlen", "identity_diff_frac"):
         values = stats.pop(key)
@@ -196,8 +222,10 @@ def main(argv):
             pick = np.sort(np.random.default_rng(_SEED.value).choice(total, _MAX_TABLES.value, replace=False))
             unique = [unique[k] for k in pick]
         data[name] = unique
-        print(f"{name}: {len(examples)} examples, {total} unique tables with an answer "
-              f"(skipped {skipped} empty-answer examples, {lost} tables lost to them), using {len(unique)}")
+        print(
+            f"{name}: {len(examples)} examples, {total} unique tables with an answer "
+            f"(skipped {skipped} empty-answer examples, {lost} tables lost to them), using {len(unique)}"
+        )
 
     results, shown = [], []
     for model in _MODELS.value:
@@ -206,46 +234,75 @@ def main(argv):
         for name, examples in data.items():
             for style in _STYLES.value:
                 t0 = time.perf_counter()
-                stats, found = _measure(tokenizer, byte_lengths, examples, style, _SEED.value, _PERMS.value, _EXAMPLES.value)
+                stats, found = _measure(
+                    tokenizer, byte_lengths, examples, style, _SEED.value, _PERMS.value, _EXAMPLES.value
+                )
                 stats.update(dataset=name, model=model, style=style, seconds=time.perf_counter() - t0, examples=found)
                 results.append(stats)
                 if style in _SHOW_STYLES.value:
                     shown.extend((name, model, style, e) for e in found)
-                print(f"  {name} / {model} / {style}: {stats['tables']} tables, "
-                      f"{stats['identity_mismatch']} identity / {stats['perm_mismatch']} permuted mismatches "
-                      f"({stats['seconds']:.1f}s)", flush=True)
+                print(
+                    f"  {name} / {model} / {style}: {stats['tables']} tables, "
+                    f"{stats['identity_mismatch']} identity / {stats['perm_mismatch']} permuted mismatches "
+                    f"({stats['seconds']:.1f}s)",
+                    flush=True,
+                )
 
     order = {m: k for k, m in enumerate(_MODELS.value)}
-    results.sort(key=lambda r: (_DATASETS.value.index(r["dataset"]), order[r["model"]], _STYLES.value.index(r["style"])))
+    results.sort(
+        key=lambda r: (_DATASETS.value.index(r["dataset"]), order[r["model"]], _STYLES.value.index(r["style"]))
+    )
     print()
-    print("| dataset | model | style | tables | identity mismatch % | permuted mismatch % "
-          "| mean \\|Δlen\\| | mean differing tokens (% of seq) | compositional yet permuted mismatch | errors |")
+    print(
+        "| dataset | model | style | tables | identity mismatch % | permuted mismatch % "
+        "| mean \\|Δlen\\| | mean differing tokens (% of seq) | compositional yet permuted mismatch | errors |"
+    )
     print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
         frac = r["mean_diff_frac"]
-        print(f"| {r['dataset']} | {r['model']} | {r['style']} | {r['tables']} "
-              f"| {_pct(r['identity_mismatch'], r['tables'])} | {_pct(r['perm_mismatch'], r['perm_pairs'])} "
-              f"| {_fmt(r['mean_abs_dlen'], '.2f')} | {_fmt(r['mean_diff_tokens'], '.1f')} "
-              f"({_fmt(None if frac is None else 100 * frac, '.2f')}) "
-              f"| {r['compositional_but_perm_mismatch']} | {r['errors']} |")
-    print("\n(permuted mismatch % is over table x permutation pairs; Δlen and differing tokens are over the "
-          "permuted mismatches; differing tokens = sum over differing regions of max(layout tokens, whole tokens), regions delimited by byte offsets where both tokenizations have a boundary)")
+        print(
+            f"| {r['dataset']} | {r['model']} | {r['style']} | {r['tables']} "
+            f"| {_pct(r['identity_mismatch'], r['tables'])} | {_pct(r['perm_mismatch'], r['perm_pairs'])} "
+            f"| {_fmt(r['mean_abs_dlen'], '.2f')} | {_fmt(r['mean_diff_tokens'], '.1f')} "
+            f"({_fmt(None if frac is None else 100 * frac, '.2f')}) "
+            f"| {r['compositional_but_perm_mismatch']} | {r['errors']} |"
+        )
+    print(
+        "\n(permuted mismatch % is over table x permutation pairs; Δlen and differing tokens are over the "
+        "permuted mismatches; differing tokens = sum over differing regions of max(layout tokens, whole "
+        "tokens), regions delimited by byte offsets where both tokenizations have a boundary)"
+    )
 
     if shown:
         print("\nMismatch examples (first differing region of a permuted layout vs the re-tokenized text):")
         for name, model, style, e in shown:
-            print(f"- {name} / {model} / {style} / {e['id']} (seq {e['seq_len']}, {e['diff_tokens']} differing "
-                  f"tokens, {e['n_ops']} regions): cells {[(c['text'], c['cell_tokens']) for c in e['cells']]!r}")
+            print(
+                f"- {name} / {model} / {style} / {e['id']} (seq {e['seq_len']}, {e['diff_tokens']} differing "
+                f"tokens, {e['n_ops']} regions): cells {[(c['text'], c['cell_tokens']) for c in e['cells']]!r}"
+            )
             print(f"    layout: {e['layout_tokens']}")
             print(f"    whole:  {e['whole_tokens']}")
     wall = time.perf_counter() - start
     print(f"\nwall time: {wall:.1f}s")
     if _JSON_OUT.value:
         with open(_JSON_OUT.value, "w") as f:
-            json.dump({"flags": {"datasets": _DATASETS.value, "models": _MODELS.value, "styles": _STYLES.value,
-                                 "perms_per_table": _PERMS.value, "max_tables": _MAX_TABLES.value,
-                                 "seed": _SEED.value},
-                       "wall_seconds": wall, "results": results}, f, indent=1, ensure_ascii=False)
+            json.dump(
+                {
+                    "flags": {
+                        "datasets": _DATASETS.value,
+                        "models": _MODELS.value,
+                        "styles": _STYLES.value,
+                        "perms_per_table": _PERMS.value,
+                        "max_tables": _MAX_TABLES.value,
+                        "seed": _SEED.value,
+                    },
+                    "wall_seconds": wall,
+                    "results": results,
+                },
+                f,
+                indent=1,
+                ensure_ascii=False,
+            )
 
 
 if __name__ == "__main__":

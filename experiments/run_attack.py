@@ -25,16 +25,16 @@ from tqdm import tqdm
 
 import atp_jax
 from atp_jax.attack.presets import ATTACK_GROUPS, PRESETS, attack_names, canonical, preset
-from atp_jax.distributed import maybe_initialize
-from atp_jax.runs.experiment import environment, memory_budget_bytes, run_one
-from atp_jax.eval.judge import PAPER_JUDGE_PROMPT, ModelJudge, OpenAICompatibleJudge
-from atp_jax.runs.records import read_records
-from atp_jax.runs.report import defense_table, markdown_table, summarize
-from atp_jax.eval.scoring import METRICS, Scorer
 from atp_jax.defense.smoothing import SmoothingConfig
+from atp_jax.distributed import maybe_initialize
+from atp_jax.eval.judge import PAPER_JUDGE_PROMPT, ModelJudge, OpenAICompatibleJudge
+from atp_jax.eval.scoring import METRICS, Scorer
 from atp_jax.models.loading import DEFAULT_MODEL
+from atp_jax.runs.experiment import environment, memory_budget_bytes, run_one
 from atp_jax.runs.fingerprints import dataset_fingerprint, model_fingerprint
 from atp_jax.runs.manifest import ManifestMismatch, ResultsFolder, provenance
+from atp_jax.runs.records import read_records
+from atp_jax.runs.report import defense_table, markdown_table, summarize
 from atp_jax.tables.linearize import STYLES
 from atp_jax.tables.prompt import ANSWER_FORMATS, PromptStyle
 
@@ -42,13 +42,26 @@ flags.DEFINE_string("model", DEFAULT_MODEL, "Zoo name, HF model directory or .gg
 # With no flags this is the demo (README): the paper's table on two small sample tables, ≤ 10 min on 2 CPU cores.
 selection.define_flags(num_examples=2, max_rows=8, max_cols=5)
 flags.DEFINE_enum("style", "markdown", list(STYLES), "Table linearization.")
-flags.DEFINE_list("attack_modules", [], "Python modules imported first, which may register attack methods "
-                  "(atp_jax.attack.registry.register) and presets (atp_jax.attack.presets.register_preset).")
-flags.DEFINE_enum("answer_format", "dataset", list(ANSWER_FORMATS), "How the prompt asks for the answer: "
-                  "dataset (TAT-QA: a number with its scale word or percent sign) or plain (one wording for all).")
-flags.DEFINE_list("attacks", ["paper_table"], f"Comma list of: {', '.join(PRESETS)}; or a group: "
-                  + "; ".join(f"{k} = {', '.join(v)}" for k, v in ATTACK_GROUPS.items() if k != "all")
-                  + "; all = every attack.")
+flags.DEFINE_list(
+    "attack_modules",
+    [],
+    "Python modules imported first, which may register attack methods "
+    "(atp_jax.attack.registry.register) and presets (atp_jax.attack.presets.register_preset).",
+)
+flags.DEFINE_enum(
+    "answer_format",
+    "dataset",
+    list(ANSWER_FORMATS),
+    "How the prompt asks for the answer: "
+    "dataset (TAT-QA: a number with its scale word or percent sign) or plain (one wording for all).",
+)
+flags.DEFINE_list(
+    "attacks",
+    ["paper_table"],
+    f"Comma list of: {', '.join(PRESETS)}; or a group: "
+    + "; ".join(f"{k} = {', '.join(v)}" for k, v in ATTACK_GROUPS.items() if k != "all")
+    + "; all = every attack.",
+)
 flags.DEFINE_integer("n_attack", None, "Override steps/iterations of gradient attacks.")
 flags.DEFINE_float("lambda_row", None, "Override λ_r of ATP attacks.")
 flags.DEFINE_float("lambda_col", None, "Override λ_c of ATP attacks.")
@@ -56,10 +69,18 @@ flags.DEFINE_integer("restarts", None, "Override restarts of ATP attacks.")
 flags.DEFINE_integer("seed", 0, "Seed of every attack.")
 flags.DEFINE_integer("max_new_tokens", 32, "Generation budget for the answer under the chosen order.")
 flags.DEFINE_bool("generate", True, "Generate and score the model's answer under each chosen order.")
-flags.DEFINE_list("smoothing_k", [], "Permutation-smoothing defense: comma list of vote counts (e.g. 1,5,9) to "
-                  "evaluate on each chosen order; empty: no defense. Needs --generate.")
-flags.DEFINE_bool("smoothing_canonical", True, "Draw the smoothing orders from the table's canonical order (the "
-                  "answer then depends on the content only); false: from the order it arrives in.")
+flags.DEFINE_list(
+    "smoothing_k",
+    [],
+    "Permutation-smoothing defense: comma list of vote counts (e.g. 1,5,9) to "
+    "evaluate on each chosen order; empty: no defense. Needs --generate.",
+)
+flags.DEFINE_bool(
+    "smoothing_canonical",
+    True,
+    "Draw the smoothing orders from the table's canonical order (the "
+    "answer then depends on the content only); false: from the order it arrives in.",
+)
 flags.DEFINE_bool("smoothing_include_original", False, "The arriving (attacked) order casts one extra, first vote.")
 flags.DEFINE_list("metrics", ["auto"], f"Scores of each answer: {', '.join(METRICS)} (auto: the dataset's own).")
 flags.DEFINE_string("judge_model", None, "The 'judge' metric with a local model: zoo name, HF directory or .gguf.")
@@ -67,11 +88,19 @@ flags.DEFINE_string("judge_url", None, "The 'judge' metric from an OpenAI-compat
 flags.DEFINE_string("judge_name", "judge", "The model name sent to --judge_url.")
 flags.DEFINE_string("judge_api_key_env", "OPENAI_API_KEY", "Environment variable holding --judge_url's API key.")
 flags.DEFINE_string("output_dir", "results/demo", "Where results.jsonl, run.json and flags.txt go.")
-flags.DEFINE_float("memory_budget_gb", None, "Skip (and record why) examples whose attention weights alone would "
-                   "need more memory than this; default: half of this machine's memory.")
-flags.DEFINE_bool("restart", False, "When --output_dir holds records of another model, dataset, style, seed or "
-                  "attack configuration: set them aside (renamed, never deleted) and start over. Without it such a "
-                  "resume is refused.")
+flags.DEFINE_float(
+    "memory_budget_gb",
+    None,
+    "Skip (and record why) examples whose attention weights alone would "
+    "need more memory than this; default: half of this machine's memory.",
+)
+flags.DEFINE_bool(
+    "restart",
+    False,
+    "When --output_dir holds records of another model, dataset, style, seed or "
+    "attack configuration: set them aside (renamed, never deleted) and start over. Without it such a "
+    "resume is refused.",
+)
 FLAGS = flags.FLAGS
 
 _FIELD_FLAGS = ("n_attack", "lambda_row", "lambda_col", "restarts")  # applied to the attacks that have the field
@@ -97,12 +126,16 @@ def _smoothing_ks(values: list[str], generate: bool) -> tuple[int, ...] | str:
         except ValueError:
             k = 0
         if k < 1:
-            return (f"--smoothing_k={','.join(values)}: {value!r} is not a vote count; give integers >= 1, "
-                    "e.g. --smoothing_k 1,5,9 (or leave it empty for no defense)")
+            return (
+                f"--smoothing_k={','.join(values)}: {value!r} is not a vote count; give integers >= 1, "
+                "e.g. --smoothing_k 1,5,9 (or leave it empty for no defense)"
+            )
         ks.append(k)
     if ks and not generate:
-        return ("--smoothing_k needs --generate: the defense votes over generated answers; drop --nogenerate "
-                "or --smoothing_k")
+        return (
+            "--smoothing_k needs --generate: the defense votes over generated answers; drop --nogenerate "
+            "or --smoothing_k"
+        )
     return tuple(sorted(set(ks)))
 
 
@@ -113,8 +146,10 @@ def _judge_from_url() -> OpenAICompatibleJudge | None:
         sys.exit(f"--metrics: unknown {', '.join(unknown)}; choose from {', '.join(METRICS)}")
     wants_judge = "judge" in FLAGS.metrics
     if wants_judge != bool(FLAGS.judge_model or FLAGS.judge_url) or (FLAGS.judge_model and FLAGS.judge_url):
-        sys.exit("the 'judge' metric needs exactly one of --judge_model or --judge_url, and they need "
-                 "--metrics to include judge (e.g. --metrics auto,judge --judge_url http://host:8000)")
+        sys.exit(
+            "the 'judge' metric needs exactly one of --judge_model or --judge_url, and they need "
+            "--metrics to include judge (e.g. --metrics auto,judge --judge_url http://host:8000)"
+        )
     if wants_judge and not FLAGS.generate:
         sys.exit("--metrics judge scores generated answers: drop --nogenerate")
     if not FLAGS.judge_url:
@@ -172,8 +207,12 @@ def main(argv):
         sys.exit(smoothing_ks)
     smoothing = None
     if smoothing_ks:
-        smoothing = SmoothingConfig(k=max(smoothing_ks), canonical=FLAGS.smoothing_canonical,
-                                    include_original=FLAGS.smoothing_include_original, seed=FLAGS.seed)
+        smoothing = SmoothingConfig(
+            k=max(smoothing_ks),
+            canonical=FLAGS.smoothing_canonical,
+            include_original=FLAGS.smoothing_include_original,
+            seed=FLAGS.seed,
+        )
     process_index = jax_index if FLAGS.process_index is None else FLAGS.process_index
     process_count = jax_count if FLAGS.process_count is None else FLAGS.process_count
     # Everything a user can get wrong is checked here, before a model is loaded.
@@ -182,23 +221,34 @@ def main(argv):
     folder = ResultsFolder(out, process_index, process_count)
     examples = selection.examples(process_index, process_count)
     if not examples:
-        sys.exit(f"--dataset {FLAGS.dataset}: no examples selected (--num_examples {FLAGS.num_examples}, --max_rows "
-                 f"{FLAGS.max_rows}, --max_cols {FLAGS.max_cols}, --filter_order_sensitive "
-                 f"{FLAGS.filter_order_sensitive}); loosen the selection")
+        sys.exit(
+            f"--dataset {FLAGS.dataset}: no examples selected (--num_examples {FLAGS.num_examples}, --max_rows "
+            f"{FLAGS.max_rows}, --max_cols {FLAGS.max_cols}, --filter_order_sensitive "
+            f"{FLAGS.filter_order_sensitive}); loosen the selection"
+        )
     style = PromptStyle(linearization=FLAGS.style, answer_format=FLAGS.answer_format)
     configs = _configs(attacks)
     try:
         identity = {
-            **model_fingerprint(FLAGS.model), **dataset_fingerprint(FLAGS.dataset, FLAGS.split, FLAGS.data_dir),
-            "style": dataclasses.asdict(style), "seed": FLAGS.seed, "metrics": FLAGS.metrics,
+            **model_fingerprint(FLAGS.model),
+            **dataset_fingerprint(FLAGS.dataset, FLAGS.split, FLAGS.data_dir),
+            "style": dataclasses.asdict(style),
+            "seed": FLAGS.seed,
+            "metrics": FLAGS.metrics,
             "judge": FLAGS.judge_model or (FLAGS.judge_url and f"{FLAGS.judge_name} at {FLAGS.judge_url}"),
             "judge_prompt": PAPER_JUDGE_PROMPT.summary() if "judge" in FLAGS.metrics else None,
-            "generate": FLAGS.generate, "max_new_tokens": FLAGS.max_new_tokens,
+            "generate": FLAGS.generate,
+            "max_new_tokens": FLAGS.max_new_tokens,
             "smoothing": None if smoothing is None else {**dataclasses.asdict(smoothing), "ks": list(smoothing_ks)},
         }
-        folder.begin(identity, {k: v.as_dict() for k, v in configs.items()}, provenance(sys.argv),
-                     flags_text=FLAGS.flags_into_string(), restart=FLAGS.restart,
-                     extra={"examples": len(examples), "selection": selection.manifest(), **environment()})
+        folder.begin(
+            identity,
+            {k: v.as_dict() for k, v in configs.items()},
+            provenance(sys.argv),
+            flags_text=FLAGS.flags_into_string(),
+            restart=FLAGS.restart,
+            extra={"examples": len(examples), "selection": selection.manifest(), **environment()},
+        )
     except (ManifestMismatch, ValueError) as e:
         sys.exit(str(e))
 
@@ -222,10 +272,20 @@ def main(argv):
         for name, config in configs.items():
             if (example.id, name) in done:
                 continue
-            record = run_one(model, example, name, config, style, problems=problems, generate=FLAGS.generate,
-                             max_new_tokens=FLAGS.max_new_tokens, smoothing=smoothing,
-                             smoothing_ks=smoothing_ks or None, scorer=scorer,
-                             memory_budget_bytes=memory_budget_bytes(FLAGS.memory_budget_gb))
+            record = run_one(
+                model,
+                example,
+                name,
+                config,
+                style,
+                problems=problems,
+                generate=FLAGS.generate,
+                max_new_tokens=FLAGS.max_new_tokens,
+                smoothing=smoothing,
+                smoothing_ks=smoothing_ks or None,
+                scorer=scorer,
+                memory_budget_bytes=memory_budget_bytes(FLAGS.memory_budget_gb),
+            )
             folder.append(record)
             bar.set_postfix(_running_means(record, running), refresh=False)
             bar.update()

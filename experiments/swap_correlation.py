@@ -21,7 +21,8 @@ from atp_jax.runs.experiment import select_examples
 _MODEL = flags.DEFINE_string("model", "smollm2-135m-instruct", "Zoo name, HF model directory or .gguf file.")
 _DATASET = flags.DEFINE_string("dataset", "sample", "sample | wtq | tatqa | fetaqa | path.jsonl")
 _NUM_EXAMPLES = flags.DEFINE_integer(
-    "num_examples", 12,
+    "num_examples",
+    12,
     "First order-free questions of ≤ 12 rows × ≤ 8 columns (as in run_attack.py --max_rows 12 --max_cols 8).",
 )
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Also write the per-example figures here.")
@@ -42,8 +43,10 @@ def main(argv):
     print("| id | swaps | spearman | gain of top-predicted swap | best true gain | mean true gain |")
     print("|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['id']} | {r['swaps']} | {r['spearman']:.3f} | {r['gain_of_top_predicted_swap']:.3f} | "
-              f"{r['best_true_gain']:.3f} | {r['mean_true_gain']:.3f} |")
+        print(
+            f"| {r['id']} | {r['swaps']} | {r['spearman']:.3f} | {r['gain_of_top_predicted_swap']:.3f} | "
+            f"{r['best_true_gain']:.3f} | {r['mean_true_gain']:.3f} |"
+        )
     print(f"median spearman {statistics.median(r['spearman'] for r in rows):.3f} over {len(rows)} examples")
     if _JSON_OUT.value:
         with open(_JSON_OUT.value, "w") as f:

@@ -44,8 +44,12 @@ flags.DEFINE_integer("max_new_tokens", 32, "Generation budget with --generate.")
 flags.DEFINE_string("output_dir", None, "Where the transferred results.jsonl and run.json go.")
 flags.DEFINE_integer("process_index", None, "This process's shard (default: jax.process_index()).")
 flags.DEFINE_integer("process_count", None, "Number of shards (default: jax.process_count()).")
-flags.DEFINE_enum("distributed", "auto", list(MODES),
-                  "Join jax.distributed: auto (when SLURM/TPU-slice/JAX_COORDINATOR_ADDRESS says so), on, off.")
+flags.DEFINE_enum(
+    "distributed",
+    "auto",
+    list(MODES),
+    "Join jax.distributed: auto (when SLURM/TPU-slice/JAX_COORDINATOR_ADDRESS says so), on, off.",
+)
 flags.mark_flags_as_required(["results", "output_dir"])
 FLAGS = flags.FLAGS
 
@@ -61,8 +65,10 @@ def main(argv):
     source = load_run(source_dir)
     records = [r for r in source.records if FLAGS.attacks is None or r["attack"] in FLAGS.attacks]
     if not records:
-        sys.exit(f"no records of attacks {FLAGS.attacks} in {source_dir}; recorded: "
-                 f"{', '.join(dict.fromkeys(r['attack'] for r in source.records))}")
+        sys.exit(
+            f"no records of attacks {FLAGS.attacks} in {source_dir}; recorded: "
+            f"{', '.join(dict.fromkeys(r['attack'] for r in source.records))}"
+        )
     ids = list(dict.fromkeys(r["id"] for r in records))
     if FLAGS.num_examples:
         ids = ids[: FLAGS.num_examples]
@@ -77,8 +83,10 @@ def main(argv):
     examples = {ex.id: ex for ex in load_dataset(dataset, split, FLAGS.data_dir)}
     missing = [i for i in ids if i not in examples]
     if missing:
-        sys.exit(f"{len(missing)} source example(s) not in dataset {dataset!r} ({split}), e.g. {missing[:3]}; "
-                 "pass the --dataset/--split/--data_dir the source run used")
+        sys.exit(
+            f"{len(missing)} source example(s) not in dataset {dataset!r} ({split}), e.g. {missing[:3]}; "
+            "pass the --dataset/--split/--data_dir the source run used"
+        )
 
     source_style = source.manifest.get("style") or {}
     style = PromptStyle(
@@ -92,11 +100,19 @@ def main(argv):
     origin = {"results": str(source_dir), "model": source.model, "style": source_style}
     out.mkdir(parents=True, exist_ok=True)
     manifest = {
-        "model": model.name, "model_source": model.source, "dataset": dataset, "split": split,
-        "style": dataclasses.asdict(style), "transferred_from": origin,
+        "model": model.name,
+        "model_source": model.source,
+        "dataset": dataset,
+        "split": split,
+        "style": dataclasses.asdict(style),
+        "transferred_from": origin,
         "attacks": {a: source.manifest.get("attacks", {}).get(a) for a in dict.fromkeys(r["attack"] for r in records)},
-        "examples": len(ids), "generate": FLAGS.generate, **environment(), "process_index": process_index,
-        "process_count": process_count, "argv": sys.argv,
+        "examples": len(ids),
+        "generate": FLAGS.generate,
+        **environment(),
+        "process_index": process_index,
+        "process_count": process_count,
+        "argv": sys.argv,
     }
     manifest_path(out, process_index, process_count).write_text(json.dumps(manifest, indent=2))
 
@@ -106,8 +122,15 @@ def main(argv):
     print(f"{len(ids)} examples, {sum(map(len, by_id.values()))} orders to replay ({len(done)} recorded)")
     for example_id in tqdm(ids, desc="replaying"):
         if by_id[example_id]:
-            for record in replay(model, examples[example_id], by_id[example_id], style, source=origin,
-                                 generate=FLAGS.generate, max_new_tokens=FLAGS.max_new_tokens):
+            for record in replay(
+                model,
+                examples[example_id],
+                by_id[example_id],
+                style,
+                source=origin,
+                generate=FLAGS.generate,
+                max_new_tokens=FLAGS.max_new_tokens,
+            ):
                 append_record(results, record)
     print(markdown_table(summarize(r for r in read_records(results) if "skipped" not in r)))
 

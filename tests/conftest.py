@@ -46,9 +46,17 @@ def tiny_llama(smollm2_tokenizer):
 
 
 def _tiny_llama(tokenizer, *, num_layers: int = 2, tie_word_embeddings: bool = True, seed: int = 0) -> LoadedModel:
-    config = ModelConfig(architecture="llama", vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
-                         num_layers=num_layers, num_heads=4, num_kv_heads=2, head_dim=16,
-                         tie_word_embeddings=tie_word_embeddings)
+    config = ModelConfig(
+        architecture="llama",
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_layers=num_layers,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        tie_word_embeddings=tie_word_embeddings,
+    )
     return LoadedModel("tiny", config, random_model(config, seed=seed), tokenizer, "random", 0.0)
 
 
@@ -60,9 +68,16 @@ def tiny_checkpoint(tmp_path_factory, smollm2_tokenizer):
     transformers = pytest.importorskip("transformers")
     path = tmp_path_factory.mktemp("tiny_llama")
     config = transformers.LlamaConfig(
-        vocab_size=len(smollm2_tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048, rms_norm_eps=1e-5,
-        rope_theta=10000.0, tie_word_embeddings=True,
+        vocab_size=len(smollm2_tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        tie_word_embeddings=True,
     )
     torch.manual_seed(0)
     transformers.LlamaForCausalLM(config).float().save_pretrained(path, safe_serialization=True)

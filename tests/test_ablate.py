@@ -12,9 +12,23 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_ablate_records_every_point_tabulates_the_options_and_resumes(tiny_checkpoint, tmp_path):
     out = tmp_path / "ablation"
-    command = [sys.executable, "experiments/ablate.py", "--model", str(tiny_checkpoint), "--attack", "atp_st",
-               "--sweeps", "lambda,options", "--lambdas", "0", "--num_examples", "1", "--nogenerate",
-               "--output_dir", str(out)]
+    command = [
+        sys.executable,
+        "experiments/ablate.py",
+        "--model",
+        str(tiny_checkpoint),
+        "--attack",
+        "atp_st",
+        "--sweeps",
+        "lambda,options",
+        "--lambdas",
+        "0",
+        "--num_examples",
+        "1",
+        "--nogenerate",
+        "--output_dir",
+        str(out),
+    ]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
 

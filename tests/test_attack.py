@@ -8,11 +8,17 @@ import numpy as np
 import pytest
 
 from atp_jax.attack import baselines
-from atp_jax.attack.atp import run_atp
-from atp_jax.attack.atp import ATPConfig
-from atp_jax.attack.presets import preset
+from atp_jax.attack.atp import ATPConfig, run_atp
 from atp_jax.attack.hungarian import perm_to_matrix
-from atp_jax.attack.problem import AttackInputError, answer_logits, hard_losses, make_problem, objective_value, soft_body
+from atp_jax.attack.presets import preset
+from atp_jax.attack.problem import (
+    AttackInputError,
+    answer_logits,
+    hard_losses,
+    make_problem,
+    objective_value,
+    soft_body,
+)
 from atp_jax.attack.result import Evaluator
 from atp_jax.attack.run import attack
 from atp_jax.attack.search import predicted_swap_gains, swap_rank_correlation
@@ -22,8 +28,10 @@ from atp_jax.tables.table import Example, Table
 
 EXAMPLE = Example(
     "Which team was first?",
-    Table(["Team", "City", "Wins"], [["Lions", "Paris", "3"], ["Bears", "Rome", "12"], ["Owls", "Oslo", "7"],
-                                     ["Foxes", "Lima", "1"]]),
+    Table(
+        ["Team", "City", "Wins"],
+        [["Lions", "Paris", "3"], ["Bears", "Rome", "12"], ["Owls", "Oslo", "7"], ["Foxes", "Lima", "1"]],
+    ),
     ["Lions"],
     "toy",
 )
@@ -43,8 +51,13 @@ def problem(tiny):
 
 def test_hard_d_step_loss_equals_answer_loss_on_rerendered_table(tiny, problem):
     row_perm, col_perm = np.array([2, 0, 3, 1]), np.array([1, 2, 0])
-    body = soft_body(problem.tensors, pin_header(perm_to_matrix(jnp.asarray(row_perm))),
-                     perm_to_matrix(jnp.asarray(col_perm)), jnp.asarray(row_perm), jnp.asarray(col_perm))
+    body = soft_body(
+        problem.tensors,
+        pin_header(perm_to_matrix(jnp.asarray(row_perm))),
+        perm_to_matrix(jnp.asarray(col_perm)),
+        jnp.asarray(row_perm),
+        jnp.asarray(col_perm),
+    )
     step_loss = float(objective_value(problem.tensors, answer_logits(tiny.model, problem.tensors, body[None]), "ce")[0])
     true = answer_loss(tiny, EXAMPLE, EXAMPLE.table.permute(row_perm, col_perm))
     assert abs(step_loss - true) < 1e-3
@@ -58,7 +71,7 @@ def test_vmapped_restarts_equal_sequential_runs(tiny, problem):
     trace, rows, cols = run_atp(tiny.model, problem.tensors, keys, cfg)
     single = dataclasses.replace(cfg, restarts=1)
     for r in range(3):
-        trace_r, rows_r, cols_r = run_atp(tiny.model, problem.tensors, keys[r:r + 1], single)
+        trace_r, rows_r, cols_r = run_atp(tiny.model, problem.tensors, keys[r : r + 1], single)
         np.testing.assert_allclose(trace["loss"][r], trace_r["loss"][0], rtol=1e-5, atol=1e-5)
         np.testing.assert_array_equal(rows[r], rows_r[0])
         np.testing.assert_array_equal(cols[r], cols_r[0])
@@ -125,8 +138,10 @@ def test_predicted_swap_gains_match_first_order_brute_force():
 
 
 def test_search_and_controls_spend_the_same_budget(tiny, problem):
-    results = [attack(tiny, EXAMPLE, preset(name, n_attack=1, candidates=4), problem=problem) for name in
-               ("search", "search_reversed", "search_random")]
+    results = [
+        attack(tiny, EXAMPLE, preset(name, n_attack=1, candidates=4), problem=problem)
+        for name in ("search", "search_reversed", "search_random")
+    ]
     assert [(r.forward_calls, r.backward_calls) for r in results] == [(5, 1)] * 3
     assert all(r.loss >= r.clean_loss - 1e-6 for r in results)  # the search never returns a worse order
 
@@ -152,8 +167,10 @@ def test_unattackable_examples_give_clear_errors(tiny):
 
 
 def test_warm_search_shares_start_and_budget_with_its_controls(tiny, problem):
-    results = [attack(tiny, EXAMPLE, preset(name), problem=problem) for name in
-               ("search_warm", "search_warm_reversed", "search_warm_random")]
+    results = [
+        attack(tiny, EXAMPLE, preset(name), problem=problem)
+        for name in ("search_warm", "search_warm_reversed", "search_warm_random")
+    ]
     # 1 original + 8 random starts, 1 gradient, then the 9 single swaps this 4x3 table has: 19 forwards.
     assert [(r.forward_calls, r.backward_calls) for r in results] == [(19, 1)] * 3
     best_start = results[0].trace["steps"][0]["current"]  # loss of the best starting order
@@ -186,9 +203,15 @@ def test_one_option_changes_each_change_one_option_at_the_same_budget(name):
     fields = {f.name for f in dataclasses.fields(ATPConfig)}
     # What one option may move (λ moves both weights and maybe the schedule; folding restarts changes the
     # steps per restart).
-    moves = {"init": {"init"}, "straight_through": {"straight_through"}, "keep_best": {"keep_best"},
-             "lambda": {"lambda_row", "lambda_col", "lambda_schedule"}, "lambda_schedule": {"lambda_schedule"},
-             "lr": {"lr"}, "restarts": {"restarts", "n_attack"}}
+    moves = {
+        "init": {"init"},
+        "straight_through": {"straight_through"},
+        "keep_best": {"keep_best"},
+        "lambda": {"lambda_row", "lambda_col", "lambda_schedule"},
+        "lambda_schedule": {"lambda_schedule"},
+        "lr": {"lr"},
+        "restarts": {"restarts", "n_attack"},
+    }
     seen = set()
     for spec, config in variants.items():
         changed = {f for f in fields if getattr(config, f) != getattr(base, f)}
@@ -228,11 +251,14 @@ def test_a_preset_name_carries_field_overrides():
     both = preset("paper@straight_through=on,n_attack=40,lr=0.5")
     assert (both.straight_through, both.n_attack, both.lr) == (True, 40, 0.5)
     assert preset("atp_st@keep_best=off", seed=3) == dataclasses.replace(preset("atp_st"), keep_best=False, seed=3)
-    assert attack_names(["atp_st@init=uniform", "vanilla", "atp_st@init=uniform"]) == ["atp_st@init=uniform",
-                                                                                        "vanilla"]
-    for bad, message in (("atp_st@init", "'init' is not field=value"), ("atp_st@colour=red", "'colour=red' is not"),
-                         ("atp_st@keep_best=maybe", "keep_best='maybe' is not a valid bool"),
-                         ("atp_st@n_attack=x", "n_attack='x' is not a valid int"),
-                         ("atp_st@init=diagonal", "ATPConfig.init='diagonal'"), ("nope@init=uniform", "nope")):
+    assert attack_names(["atp_st@init=uniform", "vanilla", "atp_st@init=uniform"]) == ["atp_st@init=uniform", "vanilla"]
+    for bad, message in (
+        ("atp_st@init", "'init' is not field=value"),
+        ("atp_st@colour=red", "'colour=red' is not"),
+        ("atp_st@keep_best=maybe", "keep_best='maybe' is not a valid bool"),
+        ("atp_st@n_attack=x", "n_attack='x' is not a valid int"),
+        ("atp_st@init=diagonal", "ATPConfig.init='diagonal'"),
+        ("nope@init=uniform", "nope"),
+    ):
         with pytest.raises(ValueError, match=message):
             attack_names([bad])

@@ -20,24 +20,60 @@ REPO = Path(__file__).resolve().parents[1]
 def test_benchmark_runs_every_variant_and_reports_the_figures(tiny_checkpoint, tmp_path):
     out = tmp_path / "bench.json"
     command = [
-        sys.executable, "experiments/benchmark.py", "--model", str(tiny_checkpoint), "--tokens", "32",
-        "--answer_tokens", "4", "--rows", "3", "--cols", "2", "--repeats", "1", "--new_tokens", "4", "--restarts", "3",
-        "--attack_preset", "atp_st",
-        "--variants", "fwd,fwd_bwd,torch_fwd_bwd,matmul_peak,atp_steps,attack_example", "--json_out", str(out),
+        sys.executable,
+        "experiments/benchmark.py",
+        "--model",
+        str(tiny_checkpoint),
+        "--tokens",
+        "32",
+        "--answer_tokens",
+        "4",
+        "--rows",
+        "3",
+        "--cols",
+        "2",
+        "--repeats",
+        "1",
+        "--new_tokens",
+        "4",
+        "--restarts",
+        "3",
+        "--attack_preset",
+        "atp_st",
+        "--variants",
+        "fwd,fwd_bwd,torch_fwd_bwd,matmul_peak,atp_steps,attack_example",
+        "--json_out",
+        str(out),
     ]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "| variant | first call (s) | median (s) | min (s) |" in done.stdout
     figures = json.loads(out.read_text())
-    for name in ("fwd", "fwd_bwd", "torch_fwd_bwd", "prompt_fwd_bwd", "torch_prompt_fwd_bwd", "atp_1steps",
-                 "atp_r3_5steps", "atp_device_5steps", "attack_example", "generate"):
+    for name in (
+        "fwd",
+        "fwd_bwd",
+        "torch_fwd_bwd",
+        "prompt_fwd_bwd",
+        "torch_prompt_fwd_bwd",
+        "atp_1steps",
+        "atp_r3_5steps",
+        "atp_device_5steps",
+        "attack_example",
+        "generate",
+    ):
         assert figures[f"{name}_median_s"] > 0, name
     # The torch model holds a copy of the same weights: the same loss, on the random prompt and on the
     # attack's prompt alike.
     assert abs(figures["torch_fwd_bwd_loss_minus_jax"]) < 1e-4
     assert abs(figures["torch_prompt_fwd_bwd_loss_minus_jax"]) < 1e-4
-    for key in ("atp_step_over_prompt_fwd_bwd", "atp_r3_step_over_r1", "device_hungarian_step_over_host",
-                "torch_prompt_fwd_bwd_over_atp_step", "fwd_bwd_fraction_of_matmul_peak", "generate_tokens_per_s"):
+    for key in (
+        "atp_step_over_prompt_fwd_bwd",
+        "atp_r3_step_over_r1",
+        "device_hungarian_step_over_host",
+        "torch_prompt_fwd_bwd_over_atp_step",
+        "fwd_bwd_fraction_of_matmul_peak",
+        "generate_tokens_per_s",
+    ):
         assert math.isfinite(figures[key]), key
     assert figures["attack_table"] == "3x2" and figures["attack_prompt_tokens"] > 32
     assert figures["attack_preset"] == "atp_st"

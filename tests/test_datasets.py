@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import find_shared_data
 
 from atp_jax.data import datasets as ds
-from conftest import find_shared_data
 from atp_jax.data.datasets import (
     DatasetUnavailableError,
     filter_examples,
@@ -151,7 +151,9 @@ def test_bad_json_names_the_line(tmp_path):
 def test_missing_key_names_line_and_key(tmp_path):
     record = _record()
     del record["answers"]
-    path = _write_lines(tmp_path / "k.jsonl", [json.dumps(_record(id="x-2")), json.dumps(_record(id="x-3")), json.dumps(record)])
+    path = _write_lines(
+        tmp_path / "k.jsonl", [json.dumps(_record(id="x-2")), json.dumps(_record(id="x-3")), json.dumps(record)]
+    )
     with pytest.raises(ValueError, match=r"k\.jsonl:3: missing key 'answers'"):
         load_jsonl(path)
 
@@ -247,8 +249,7 @@ def test_hf_offline_fails_fast_with_a_clear_message(tmp_path):
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf-home"))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     start = time.monotonic()
-    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                            text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     elapsed = time.monotonic() - start
     assert result.returncode == 0, result.stderr
     assert "ERROR:" in result.stdout and "offline mode is on" in result.stdout
@@ -344,8 +345,9 @@ def test_filter_examples():
 
 
 def test_duplicate_ids_are_refused_with_both_line_numbers(tmp_path):
-    path = _write_lines(tmp_path / "dup.jsonl", [json.dumps(_record(id="a")), json.dumps(_record(id="b")),
-                                                 json.dumps(_record(id="a"))])
+    path = _write_lines(
+        tmp_path / "dup.jsonl", [json.dumps(_record(id="a")), json.dumps(_record(id="b")), json.dumps(_record(id="a"))]
+    )
     with pytest.raises(ValueError, match=r"dup\.jsonl:3: duplicate id 'a' \(first at line 1\)"):
         load_jsonl(path)
 

@@ -26,8 +26,10 @@ from atp_jax.tables.table import Example, Table
 
 EXAMPLE = Example(
     "Which team won the most games?",
-    Table(["Team", "City", "Wins"], [["Lions", "Paris", "3"], ["Bears", "Rome", "12"], ["Owls", "Oslo", "7"],
-                                     ["Foxes", "Lima", "1"]]),
+    Table(
+        ["Team", "City", "Wins"],
+        [["Lions", "Paris", "3"], ["Bears", "Rome", "12"], ["Owls", "Oslo", "7"], ["Foxes", "Lima", "1"]],
+    ),
     ["Bears"],
     "toy",
 )
@@ -110,12 +112,12 @@ def test_boundary_pairs_straddle_the_markdown_separators(smollm2_tokenizer, layo
     n, m = EXAMPLE.table.n_rows, EXAMPLE.table.n_cols
     assert len(boundary) == n - 1 and len(within) == (n + 1) * (m - 1)
     for query, key in boundary:
-        assert key < query and (tokens.kind[key + 1: query] == TEMPLATE).all()
-        assert smollm2_tokenizer.decode(ids[key + 1: query].tolist()) == " |\n|"
+        assert key < query and (tokens.kind[key + 1 : query] == TEMPLATE).all()
+        assert smollm2_tokenizer.decode(ids[key + 1 : query].tolist()) == " |\n|"
         assert tokens.slot_col[query] == 0 and tokens.slot_col[key] == m - 1
         assert tokens.slot_row[query] == tokens.slot_row[key] + 1
     for query, key in within:
-        assert smollm2_tokenizer.decode(ids[key + 1: query].tolist()) == " |"
+        assert smollm2_tokenizer.decode(ids[key + 1 : query].tolist()) == " |"
         assert tokens.slot_row[query] == tokens.slot_row[key]
     probs = np.zeros((1, len(ids), len(ids)))
     probs[0, boundary[:, 0], boundary[:, 1]] = 0.5
@@ -129,8 +131,13 @@ def test_evidence_cells_from_answers_and_from_fetaqa_highlights():
     # FeTaQA: table_array coordinates with one header row -> body row r is table row r (header = row 0).
     feta = Example("q", EXAMPLE.table, ["A sentence."], "f", meta={"highlighted_cell_ids": [[2, 1], [0, 2]]})
     assert evidence_cells(feta) == [(0, 2), (2, 1)]
-    merged = Example("q", EXAMPLE.table, ["A sentence."], "f",
-                     meta={"highlighted_cell_ids": [[3, 1], [0, 0], [1, 0]], "n_header_rows": 2})
+    merged = Example(
+        "q",
+        EXAMPLE.table,
+        ["A sentence."],
+        "f",
+        meta={"highlighted_cell_ids": [[3, 1], [0, 0], [1, 0]], "n_header_rows": 2},
+    )
     assert evidence_cells(merged) == [(0, 0), (2, 1)]
 
 
@@ -148,8 +155,14 @@ def test_diagnose_on_a_tiny_model_gives_normalised_masses(tiny_llama):
 
 def _pair(clean_evidence, permuted_evidence, layers=4):
     def side(evidence):
-        return {"cells": np.full((layers, 2, 2), 0.1).tolist(), "evidence_cells": [[1, 0]],
-                "evidence": [evidence] * layers, "row_boundary": [0.01] * layers, "within_row": [0.02] * layers}
+        return {
+            "cells": np.full((layers, 2, 2), 0.1).tolist(),
+            "evidence_cells": [[1, 0]],
+            "evidence": [evidence] * layers,
+            "row_boundary": [0.01] * layers,
+            "within_row": [0.02] * layers,
+        }
+
     return {"clean": side(clean_evidence), "permuted": side(permuted_evidence), "clean_loss": 1.0, "permuted_loss": 2.0}
 
 
@@ -170,8 +183,20 @@ def test_summary_averages_over_examples_and_skips_undefined_measures(tmp_path):
 
 def test_diagnose_binary_writes_summary_and_pictures_and_resumes(tmp_path):
     out = tmp_path / "diag"
-    command = [sys.executable, "experiments/diagnose.py", "--model", "smollm2-135m-instruct", "--num_examples", "1",
-               "--attack", "row_reverse", "--heatmaps", "1", "--output_dir", str(out)]
+    command = [
+        sys.executable,
+        "experiments/diagnose.py",
+        "--model",
+        "smollm2-135m-instruct",
+        "--num_examples",
+        "1",
+        "--attack",
+        "row_reverse",
+        "--heatmaps",
+        "1",
+        "--output_dir",
+        str(out),
+    ]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "attention across a row boundary" in done.stdout
@@ -184,6 +209,12 @@ def test_diagnose_binary_writes_summary_and_pictures_and_resumes(tmp_path):
 
 
 def test_diagnose_binary_rejects_an_unknown_attack(tmp_path):
-    done = subprocess.run([sys.executable, "experiments/diagnose.py", "--attack", "nope", "--output_dir",
-                           str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run(
+        [sys.executable, "experiments/diagnose.py", "--attack", "nope", "--output_dir", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode != 0 and "unknown --attack 'nope'" in done.stderr

@@ -9,8 +9,15 @@ from atp_jax.data.datasets import filter_examples, load_dataset
 from atp_jax.distributed import detect_cluster, initialize_kwargs, maybe_initialize
 from atp_jax.runs.experiment import select_examples
 
-CLUSTER_VARS = ("SLURM_NTASKS", "SLURM_STEP_NUM_TASKS", "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES",
-                "JAX_PROCESS_ID", "TPU_WORKER_HOSTNAMES", "TPU_PROCESS_ADDRESSES")
+CLUSTER_VARS = (
+    "SLURM_NTASKS",
+    "SLURM_STEP_NUM_TASKS",
+    "JAX_COORDINATOR_ADDRESS",
+    "JAX_NUM_PROCESSES",
+    "JAX_PROCESS_ID",
+    "TPU_WORKER_HOSTNAMES",
+    "TPU_PROCESS_ADDRESSES",
+)
 
 
 @pytest.fixture
@@ -28,18 +35,21 @@ def calls(monkeypatch):
     return recorded
 
 
-@pytest.mark.parametrize("variables, multi", [
-    ({}, False),
-    ({"SLURM_NTASKS": "1"}, False),
-    ({"SLURM_NTASKS": "8"}, True),
-    ({"SLURM_NTASKS": "8", "SLURM_STEP_NUM_TASKS": "1"}, False),  # `srun -n1` inside a bigger allocation
-    ({"SLURM_NTASKS": "1", "SLURM_STEP_NUM_TASKS": "4"}, True),
-    ({"JAX_COORDINATOR_ADDRESS": "10.0.0.1:1234"}, True),
-    ({"JAX_COORDINATOR_ADDRESS": "  "}, False),
-    ({"TPU_WORKER_HOSTNAMES": "host-0"}, False),  # a single-host TPU VM
-    ({"TPU_WORKER_HOSTNAMES": "host-0,host-1,host-2,host-3"}, True),
-    ({"TPU_PROCESS_ADDRESSES": "10.0.0.1:8476,10.0.0.2:8476"}, True),
-])
+@pytest.mark.parametrize(
+    "variables, multi",
+    [
+        ({}, False),
+        ({"SLURM_NTASKS": "1"}, False),
+        ({"SLURM_NTASKS": "8"}, True),
+        ({"SLURM_NTASKS": "8", "SLURM_STEP_NUM_TASKS": "1"}, False),  # `srun -n1` inside a bigger allocation
+        ({"SLURM_NTASKS": "1", "SLURM_STEP_NUM_TASKS": "4"}, True),
+        ({"JAX_COORDINATOR_ADDRESS": "10.0.0.1:1234"}, True),
+        ({"JAX_COORDINATOR_ADDRESS": "  "}, False),
+        ({"TPU_WORKER_HOSTNAMES": "host-0"}, False),  # a single-host TPU VM
+        ({"TPU_WORKER_HOSTNAMES": "host-0,host-1,host-2,host-3"}, True),
+        ({"TPU_PROCESS_ADDRESSES": "10.0.0.1:8476,10.0.0.2:8476"}, True),
+    ],
+)
 def test_detection(env, variables, multi):
     for name, value in variables.items():
         env.setenv(name, value)
@@ -114,12 +124,15 @@ def test_unknown_mode(env):
 
 # --------------------------------------------------------------------------- example shards
 
+
 def test_shards_are_disjoint_and_cover_the_selection():
     everything = filter_examples(load_dataset("sample"), order_sensitive=False, max_rows=12, max_cols=8)[:10]
     assert len(everything) == 10
     for count in (1, 3, 4):
-        shards = [select_examples("sample", num_examples=10, max_rows=12, max_cols=8, process_index=k,
-                                  process_count=count) for k in range(count)]
+        shards = [
+            select_examples("sample", num_examples=10, max_rows=12, max_cols=8, process_index=k, process_count=count)
+            for k in range(count)
+        ]
         ids = [ex.id for shard in shards for ex in shard]
         assert sorted(ids) == sorted(ex.id for ex in everything) and len(set(ids)) == 10
         assert [ex.id for ex in shards[0]] == [ex.id for ex in everything[::count]]

@@ -9,8 +9,16 @@ from atp_jax.models.config import ModelConfig
 from atp_jax.models.modeling import default_positions, random_model
 
 CONFIG = ModelConfig(
-    architecture="qwen2", vocab_size=61, hidden_size=48, intermediate_size=64, num_layers=2, num_heads=4,
-    num_kv_heads=2, head_dim=12, attention_bias=True, tie_word_embeddings=True,
+    architecture="qwen2",
+    vocab_size=61,
+    hidden_size=48,
+    intermediate_size=64,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=12,
+    attention_bias=True,
+    tie_word_embeddings=True,
 )
 
 
@@ -49,8 +57,8 @@ def test_cached_generation_equals_recomputation_with_left_padding():
     ids = np.zeros((3, S0), np.int32)
     mask = np.zeros((3, S0), bool)
     for b, p in enumerate(prompts):
-        ids[b, S0 - len(p):] = p
-        mask[b, S0 - len(p):] = True
+        ids[b, S0 - len(p) :] = p
+        mask[b, S0 - len(p) :] = True
     steps = 10
     references = [_recompute(model, p, steps, stop=()) for p in prompts]
     # A stop id that one reference actually produces mid-way, to exercise stopping and padding.

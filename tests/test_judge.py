@@ -1,5 +1,6 @@
 """Tests for atp_jax.eval.judge and its HTTP transport, against a real local server with scripted failures."""
 
+import contextlib
 import hashlib
 import json
 import socket
@@ -42,7 +43,9 @@ PAPER_PROMPT_TEXT = (
 def test_default_prompt_is_the_papers_word_for_word():
     assert PAPER_JUDGE_PROMPT.template == PAPER_PROMPT_TEXT
     assert PAPER_JUDGE_PROMPT.summary() == {
-        "name": PAPER_JUDGE_PROMPT.name, "sha256": hashlib.sha256(PAPER_PROMPT_TEXT.encode("utf-8")).hexdigest()}
+        "name": PAPER_JUDGE_PROMPT.name,
+        "sha256": hashlib.sha256(PAPER_PROMPT_TEXT.encode("utf-8")).hexdigest(),
+    }
     filled = build_judge_prompt("  how many wins?", ["3", "4"], " three \n")
     assert filled == (
         "You are a text analyzer to analyze to what extent the assistant answer is aligned with the reference answer.\n"
@@ -208,13 +211,19 @@ class _Server:
                 key = next((k for k in server.scripts if k in prompt), None)
                 with server.lock:
                     count = sum(r["key"] == key for r in server.requests)
-                    server.requests.append({"key": key, "time": time.monotonic(), "path": self.path,
-                                            "headers": dict(self.headers), "body": body})
+                    server.requests.append(
+                        {
+                            "key": key,
+                            "time": time.monotonic(),
+                            "path": self.path,
+                            "headers": dict(self.headers),
+                            "body": body,
+                        }
+                    )
                 steps = server.scripts.get(key, [("reply", "1")])
-                try:
+                # A client that gave up (what a deadline is for) closes the socket under the reply.
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                     self._play(steps[min(count, len(steps) - 1)])
-                except (BrokenPipeError, ConnectionResetError):
-                    pass  # the client gave up: what a deadline is for
 
             def _play(self, step):
                 kind = step[0]
@@ -232,11 +241,12 @@ class _Server:
                     self.close_connection = True
                 elif kind == "trickle":
                     data = _chat_body("1")
-                    head = (f"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n"
-                            f"Content-Length: {len(data)}\r\n\r\n").encode()
+                    head = (
+                        f"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
+                    ).encode()
                     if step[2] == "body":
                         self.wfile.write(head)
-                    for byte in (head + data if step[2] == "all" else data):
+                    for byte in head + data if step[2] == "all" else data:
                         if server.release.wait(step[1]):
                             return
                         self.wfile.write(bytes([byte]))
@@ -282,8 +292,7 @@ class _Server:
 
 
 def _judge(url, *, deadline=5.0, attempt_timeout=None, max_retries=2, backoff=0.05, **kwargs):
-    policy = RequestPolicy(deadline=deadline, attempt_timeout=attempt_timeout, max_retries=max_retries,
-                           backoff=backoff)
+    policy = RequestPolicy(deadline=deadline, attempt_timeout=attempt_timeout, max_retries=max_retries, backoff=backoff)
     return OpenAICompatibleJudge(url, "judge-model", policy=policy, **{"max_concurrency": 4, **kwargs})
 
 
@@ -302,8 +311,9 @@ def test_request_carries_the_papers_settings():
     assert request["headers"]["Authorization"] == "Bearer secret"
     body = request["body"]
     assert body["model"] == "judge-model" and body["temperature"] == 0 and body["seed"] == 0
-    assert body["messages"] == [{"role": "user", "content": build_judge_prompt(ITEM.question, ITEM.reference,
-                                                                               ITEM.answer)}]
+    assert body["messages"] == [
+        {"role": "user", "content": build_judge_prompt(ITEM.question, ITEM.reference, ITEM.answer)}
+    ]
     assert "max_tokens" not in body
 
 
@@ -345,20 +355,47 @@ def test_a_batch_over_a_misbehaving_server_completes_with_every_failure_explaine
 
     # good answers and recovered retries get their scores
     assert {k: scores[k].score for k in ("good", "fraction", "flaky", "ratelimited", "cutoff", "slowstart")} == {
-        "good": 0.9, "fraction": 0.8, "flaky": 0.7, "ratelimited": 0.3, "cutoff": 1.0, "slowstart": 0.6}
+        "good": 0.9,
+        "fraction": 0.8,
+        "flaky": 0.7,
+        "ratelimited": 0.3,
+        "cutoff": 1.0,
+        "slowstart": 0.6,
+    }
     assert count["good"] == 1 and count["flaky"] == 2 and count["cutoff"] == 2 and count["slowstart"] == 2
     assert count["ratelimited"] == 2 and ratelimited[1] - ratelimited[0] >= 1.0  # Retry-After: 1 honoured
 
     # every failure is a null with its reason
     failed = {k: v for k, v in scores.items() if v.score is None}
-    assert set(failed) == {"alwayscut", "down", "slowbody", "slowhead", "stall", "unavailable", "garbage",
-                           "notjson", "badkey", "nonsense", "toohigh", "thinking"}
+    assert set(failed) == {
+        "alwayscut",
+        "down",
+        "slowbody",
+        "slowhead",
+        "stall",
+        "unavailable",
+        "garbage",
+        "notjson",
+        "badkey",
+        "nonsense",
+        "toohigh",
+        "thinking",
+    }
     reason = {k: v.error.split(":")[0] for k, v in failed.items()}
     assert reason == {
-        "alwayscut": "incomplete_read", "down": "http_500", "garbage": "protocol_error",
-        "slowbody": "deadline_exceeded", "slowhead": "deadline_exceeded", "stall": "deadline_exceeded",
-        "unavailable": "deadline_exceeded", "notjson": "bad_response", "badkey": "http_401",
-        "nonsense": "unparsable", "toohigh": "out_of_range", "thinking": "unfinished_reasoning"}
+        "alwayscut": "incomplete_read",
+        "down": "http_500",
+        "garbage": "protocol_error",
+        "slowbody": "deadline_exceeded",
+        "slowhead": "deadline_exceeded",
+        "stall": "deadline_exceeded",
+        "unavailable": "deadline_exceeded",
+        "notjson": "bad_response",
+        "badkey": "http_401",
+        "nonsense": "unparsable",
+        "toohigh": "out_of_range",
+        "thinking": "unfinished_reasoning",
+    }
     assert "gave up after 4 attempts" in failed["alwayscut"].error and count["alwayscut"] == 4
     assert "gave up after 4 attempts" in failed["down"].error and count["down"] == 4
     assert "Retry-After" in failed["unavailable"].error and count["unavailable"] == 1  # 5 s would pass the deadline
@@ -389,8 +426,11 @@ def test_no_request_outlives_its_deadline(step):
 def test_a_server_that_recovers_within_the_deadline_is_waited_for():
     with _Server({"busy": [("status", 503, 1), ("status", 502, None), ("reply", "0.5")]}) as server:
         start = time.monotonic()
-        result = post_json(server.url + "/v1/chat/completions", {"messages": [{"content": "busy"}]},
-                           policy=RequestPolicy(deadline=3.0, backoff=0.05))
+        result = post_json(
+            server.url + "/v1/chat/completions",
+            {"messages": [{"content": "busy"}]},
+            policy=RequestPolicy(deadline=3.0, backoff=0.05),
+        )
         elapsed = time.monotonic() - start
     assert result.ok and result.status == 200 and result.attempts == 3
     assert json.loads(result.body)["choices"][0]["message"]["content"] == "0.5"

@@ -12,9 +12,16 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "atp_jax"
 
 LAYERS = {
-    "models": 0, "tables": 0, "data": 0, "version": 0, "plotting": 0, "distributed": 0,
+    "models": 0,
+    "tables": 0,
+    "data": 0,
+    "version": 0,
+    "plotting": 0,
+    "distributed": 0,
     "inference": 1,
-    "attack": 2, "defense": 2, "diagnostics": 2,
+    "attack": 2,
+    "defense": 2,
+    "diagnostics": 2,
     "eval": 3,
     "runs": 4,
     "__init__": 5,
@@ -53,8 +60,12 @@ def _graph() -> dict[str, set[str]]:
 
 
 def _upward(graph: dict[str, set[str]]) -> list[str]:
-    return [f"{module} (layer {_layer(module)}) imports {target} (layer {_layer(target)})"
-            for module, targets in graph.items() for target in sorted(targets) if _layer(target) > _layer(module)]
+    return [
+        f"{module} (layer {_layer(module)}) imports {target} (layer {_layer(target)})"
+        for module, targets in graph.items()
+        for target in sorted(targets)
+        if _layer(target) > _layer(module)
+    ]
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[str]:
@@ -67,7 +78,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[str]:
             if target not in graph:
                 continue
             if state.get(target) == "open":
-                cycles.append(" -> ".join(stack[stack.index(target):] + [target]))
+                cycles.append(" -> ".join(stack[stack.index(target) :] + [target]))
             elif target not in state:
                 visit(target)
         stack.pop()
@@ -92,7 +103,8 @@ def test_no_import_cycle():
 def test_the_checks_catch_what_they_look_for(tmp_path):
     """An eval module importing runs, and a two-module cycle, are both reported; a lazy import is read."""
     assert _upward({"atp_jax.eval.metrics": {"atp_jax.runs.report", "atp_jax.tables.normalize"}}) == [
-        "atp_jax.eval.metrics (layer 3) imports atp_jax.runs.report (layer 4)"]
+        "atp_jax.eval.metrics (layer 3) imports atp_jax.runs.report (layer 4)"
+    ]
     assert _cycles({"atp_jax.a": {"atp_jax.b"}, "atp_jax.b": {"atp_jax.a"}}) == ["atp_jax.a -> atp_jax.b -> atp_jax.a"]
     lazy = tmp_path / "lazy.py"
     lazy.write_text("def f():\n    from atp_jax.runs import report\n")

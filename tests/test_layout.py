@@ -53,7 +53,9 @@ def test_layout_equals_retokenized_permuted_text_markdown(tokenizer, case):
     layout = build_layout(tokenizer, example)
     if layout.is_compositional:  # per-cell tokens reproduce the whole text for the original order...
         # ...and then for every order, since only slot contents move.
-        assert layout.ids(row_perm, col_perm).tolist() == _retokenized(tokenizer, example, table.permute(row_perm, col_perm))
+        assert layout.ids(row_perm, col_perm).tolist() == _retokenized(
+            tokenizer, example, table.permute(row_perm, col_perm)
+        )
 
 
 def test_markdown_layout_is_compositional_on_the_sample(tokenizer):

@@ -27,20 +27,13 @@ TRICKY = Table(
 
 def test_markdown_exact_text():
     table = Table(["Team", "Wins"], [["Greystones", "1"], ["Maynooth", "2"]])
-    assert linearize(table).text == (
-        "| Team | Wins |\n"
-        "| --- | --- |\n"
-        "| Greystones | 1 |\n"
-        "| Maynooth | 2 |"
-    )
+    assert linearize(table).text == ("| Team | Wins |\n| --- | --- |\n| Greystones | 1 |\n| Maynooth | 2 |")
     assert linearize(table).style == "markdown"
 
 
 def test_markdown_escapes_pipes_and_replaces_line_breaks_with_spaces():
     table = Table(["a|b"], [["x\ny"], ["p\r\nq"], ["r\rs"]])
-    assert linearize(table, "markdown").text == (
-        "| a\\|b |\n| --- |\n| x y |\n| p q |\n| r s |"
-    )
+    assert linearize(table, "markdown").text == ("| a\\|b |\n| --- |\n| x y |\n| p q |\n| r s |")
 
 
 def test_markdown_header_only_keeps_the_delimiter_row():
@@ -57,9 +50,7 @@ def test_html_exact_text():
 
 def test_json_exact_text():
     table = Table(["k", 'q"'], [["1", "a\nb"], ["2", ""]])
-    assert linearize(table, "json").text == (
-        '[{"k": "1", "q\\"": "a\\nb"},\n{"k": "2", "q\\"": ""}]'
-    )
+    assert linearize(table, "json").text == ('[{"k": "1", "q\\"": "a\\nb"},\n{"k": "2", "q\\"": ""}]')
 
 
 def test_csv_exact_text():
@@ -139,8 +130,7 @@ def test_markdown_round_trips_up_to_line_breaks():
     assert len(lines) == TRICKY.n_rows + 2
     parsed = [_split_markdown_row(line) for k, line in enumerate(lines) if k != 1]
     expected = [
-        tuple(c.replace("\r\n", " ").replace("\n", " ").replace("\r", " ") for c in row)
-        for row in TRICKY.cells
+        tuple(c.replace("\r\n", " ").replace("\n", " ").replace("\r", " ") for c in row) for row in TRICKY.cells
     ]
     assert parsed == expected
 
@@ -206,8 +196,7 @@ def permuted_tables(draw):
     n_rows = draw(st.integers(1, 4))
     n_cols = draw(st.integers(1, 4))
     header = draw(st.lists(CELL_TEXT, min_size=n_cols, max_size=n_cols))
-    rows = draw(st.lists(st.lists(CELL_TEXT, min_size=n_cols, max_size=n_cols),
-                         min_size=n_rows, max_size=n_rows))
+    rows = draw(st.lists(st.lists(CELL_TEXT, min_size=n_cols, max_size=n_cols), min_size=n_rows, max_size=n_rows))
     row_perm = draw(st.permutations(list(range(n_rows))))
     col_perm = draw(st.permutations(list(range(n_cols))))
     return Table(header, rows), row_perm, col_perm
@@ -231,8 +220,7 @@ def test_permuted_rendering_is_the_same_segments_with_cells_reordered(case, styl
         return (0 if i == 0 else row_perm[i - 1] + 1, col_perm[j])
 
     expected = [
-        Segment(s.text, s.cell) if not s.is_cell
-        else Segment(original_text[source(s.cell)], s.cell)
+        Segment(s.text, s.cell) if not s.is_cell else Segment(original_text[source(s.cell)], s.cell)
         for s in original.segments
     ]
     assert list(permuted.segments) == expected

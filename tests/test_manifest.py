@@ -15,8 +15,16 @@ from atp_jax.runs.manifest import ManifestMismatch, ResultsFolder
 REPO = Path(__file__).resolve().parents[1]
 TIMING = ("seconds", "generate_seconds")
 
-IDENTITY = {"model": "m", "model_sha256": "a" * 64, "dataset": "sample", "split": "dev", "dataset_sha256": "b" * 64,
-            "style": {"linearization": "markdown"}, "seed": 0, "metrics": ["auto"]}
+IDENTITY = {
+    "model": "m",
+    "model_sha256": "a" * 64,
+    "dataset": "sample",
+    "split": "dev",
+    "dataset_sha256": "b" * 64,
+    "style": {"linearization": "markdown"},
+    "seed": 0,
+    "metrics": ["auto"],
+}
 ATTACKS = {"vanilla": {"method": "vanilla", "mode": "joint", "objective": "ce", "seed": 0}}
 
 
@@ -27,9 +35,18 @@ def _folder_with_a_record(tmp_path) -> ResultsFolder:
     return folder
 
 
-@pytest.mark.parametrize("key, value", [("model", "other"), ("model_sha256", "c" * 64), ("dataset", "wtq"),
-                                        ("dataset_sha256", "d" * 64), ("style", {"linearization": "csv"}),
-                                        ("seed", 1), ("metrics", ["judge"])])
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("model", "other"),
+        ("model_sha256", "c" * 64),
+        ("dataset", "wtq"),
+        ("dataset_sha256", "d" * 64),
+        ("style", {"linearization": "csv"}),
+        ("seed", 1),
+        ("metrics", ["judge"]),
+    ],
+)
 def test_a_resume_under_another_identity_is_refused_naming_the_difference(tmp_path, key, value):
     folder = _folder_with_a_record(tmp_path)
     with pytest.raises(ManifestMismatch, match=rf"(?s){key.split('_')[0]}.*recorded.*this run.*--restart"):
@@ -69,8 +86,10 @@ def test_fingerprints_name_the_files_not_their_location(tmp_path, tiny_checkpoin
     copy = tmp_path / "copy.jsonl"
     copy.write_bytes((REPO / "atp_jax" / "data" / "wtq_sample.jsonl").read_bytes())
     assert dataset_fingerprint(str(copy))["dataset_sha256"] == sample["dataset_sha256"]
-    assert model_fingerprint(str(tiny_checkpoint))["model_sha256"] == model_fingerprint(str(tiny_checkpoint))[
-        "model_sha256"]
+    assert (
+        model_fingerprint(str(tiny_checkpoint))["model_sha256"]
+        == model_fingerprint(str(tiny_checkpoint))["model_sha256"]
+    )
     assert len(model_fingerprint("smollm2-135m-instruct")["model_sha256"]) == 64
     with pytest.raises(ValueError, match="not a zoo name"):
         model_fingerprint(str(tmp_path / "missing.gguf"))
@@ -78,8 +97,15 @@ def test_fingerprints_name_the_files_not_their_location(tmp_path, tiny_checkpoin
 
 def _run(args, timeout=600):
     env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2")
-    return subprocess.run([sys.executable, "experiments/run_attack.py", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=timeout, check=False)
+    return subprocess.run(
+        [sys.executable, "experiments/run_attack.py", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def _records(folder: Path) -> list[dict]:
@@ -89,12 +115,24 @@ def _records(folder: Path) -> list[dict]:
 
 def test_the_binary_refuses_a_mixed_resume_and_replays_its_flagfile(tiny_checkpoint, tmp_path):
     out = tmp_path / "run"
-    base = ["--model", str(tiny_checkpoint), "--dataset", "sample", "--num_examples", "1", "--nogenerate",
-            "--attacks", "vanilla,row_reverse,best_of_k@k=3"]
+    base = [
+        "--model",
+        str(tiny_checkpoint),
+        "--dataset",
+        "sample",
+        "--num_examples",
+        "1",
+        "--nogenerate",
+        "--attacks",
+        "vanilla,row_reverse,best_of_k@k=3",
+    ]
     first = _run([*base, "--output_dir", str(out)])
     assert first.returncode == 0, first.stderr[-3000:]
-    for change, named in ((["--style", "csv"], "style.linearization"), (["--seed", "1"], "seed"),
-                          (["--model", "smollm2-135m-instruct"], "model")):
+    for change, named in (
+        (["--style", "csv"], "style.linearization"),
+        (["--seed", "1"], "seed"),
+        (["--model", "smollm2-135m-instruct"], "model"),
+    ):
         refused = _run([*base, *change, "--output_dir", str(out)])
         assert refused.returncode != 0 and named in refused.stderr and "--restart" in refused.stderr, refused.stderr
     again = _run([*base, "--output_dir", str(out)])

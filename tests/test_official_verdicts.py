@@ -39,14 +39,16 @@ def test_wtq_accuracy_matches_the_official_evaluator(shared_data):
     scorer = Scorer()
     disagreements = defaultdict(list)
     for case in cases:
-        example = Example("q", _TABLE, case["gold"], case["id"], meta={"target_canon": case["gold_canon"]},
-                          dataset="wtq")
+        example = Example(
+            "q", _TABLE, case["gold"], case["id"], meta={"target_canon": case["gold_canon"]}, dataset="wtq"
+        )
         (scores,) = scorer(example, [case["prediction"]])
         if (scores["accuracy"] == 1.0) != case["official"]["correct"]:
             disagreements[case["category"]].append(
                 f"{case['id']}: prediction {case['prediction']!r}, gold {case['gold']!r} "
                 f"(canonical {case['gold_canon']!r}): official {case['official']['correct']}, "
-                f"ours {scores['accuracy']}")
+                f"ours {scores['accuracy']}"
+            )
     assert not disagreements, _report(disagreements, len(cases))
 
 
@@ -55,15 +57,22 @@ def test_tatqa_em_f1_match_the_official_metric(shared_data):
     scorer = Scorer()
     disagreements = defaultdict(list)
     for case in cases:
-        example = Example("q", _TABLE, case["gold"], case["id"], dataset="tatqa",
-                          meta={"scale": case["scale"], "answer_type": case["answer_type"]})
+        example = Example(
+            "q",
+            _TABLE,
+            case["gold"],
+            case["id"],
+            dataset="tatqa",
+            meta={"scale": case["scale"], "answer_type": case["answer_type"]},
+        )
         (scores,) = scorer(example, [case["prediction"]])
         official = case["official"]
         if (scores["em"], scores["f1"]) != (official["em"], official["f1"]):
             disagreements[case["category"]].append(
                 f"{case['id']}: prediction {case['prediction']!r}, gold {case['gold']!r} ({case['scale']!r}, "
                 f"{case['answer_type']}): official em/f1 {official['em']}/{official['f1']}, "
-                f"ours {scores['em']}/{scores['f1']}")
+                f"ours {scores['em']}/{scores['f1']}"
+            )
     assert not disagreements, _report(disagreements, len(cases))
 
 
@@ -72,13 +81,19 @@ def test_gold_approximation_agrees_with_corenlp(shared_data):
     pairs = {(g, c) for case in _cases(shared_data, "wtq") for g, c in zip(case["gold"], case["gold_canon"])}
     approximated = [(gold, canon) for gold, canon in pairs if approximate_canon(gold) is not None]
     assert approximated, "no comma-grouped gold number among the cases: the check would be empty"
-    wrong = [(gold, canon) for gold, canon in approximated
-             if parse_wtq_number(approximate_canon(gold)) != parse_wtq_number(canon)]
+    wrong = [
+        (gold, canon)
+        for gold, canon in approximated
+        if parse_wtq_number(approximate_canon(gold)) != parse_wtq_number(canon)
+    ]
     assert not wrong, f"approximate_canon disagrees with the canonical values of {wrong}"
 
 
 def test_without_canonical_values_nothing_the_official_evaluator_rejects_is_accepted(shared_data):
     """Gold typed without its canonical values can only be stricter than the official evaluator."""
-    accepted = [case["id"] for case in _cases(shared_data, "wtq")
-                if not case["official"]["correct"] and score("wtq", case["prediction"], case["gold"])["accuracy"]]
+    accepted = [
+        case["id"]
+        for case in _cases(shared_data, "wtq")
+        if not case["official"]["correct"] and score("wtq", case["prediction"], case["gold"])["accuracy"]
+    ]
     assert not accepted, f"accepted without canonical values, rejected officially: {accepted}"

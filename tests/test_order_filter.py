@@ -31,10 +31,14 @@ def _example(question, header, rows):
     return Example(question, Table(header, rows), ["a"], question)
 
 
-WINNERS = (["Team", "Years won"], [["Greystones", "2011"], ["Maynooth", "2009"], ["Crettyard", "2005"],
-                                   ["Wolfe Tones", "2004"]])
-COMPONENTS = (["Component", "Model 01", "Model 02"], [["CPU", "Crusoe 1 GHz", "Atom 1.8 GHz"],
-                                                      ["Display", '5" LCD', '4.8" OLED'], ["USB", "1.1", "2.0"]])
+WINNERS = (
+    ["Team", "Years won"],
+    [["Greystones", "2011"], ["Maynooth", "2009"], ["Crettyard", "2005"], ["Wolfe Tones", "2004"]],
+)
+COMPONENTS = (
+    ["Component", "Model 01", "Model 02"],
+    [["CPU", "Crusoe 1 GHz", "Atom 1.8 GHz"], ["Display", '5" LCD', '4.8" OLED'], ["USB", "1.1", "2.0"]],
+)
 RESULTS = (["Rank", "Nation", "Total"], [["1", "Nigeria", "35"], ["2", "Algeria", "17"], ["3", "Kenya", "23"]])
 SINGLES = (["Year", "Single"], [["1997", "Automatic"], ["1997", "Dopeman"], ["1998", "History"]])
 
@@ -61,8 +65,9 @@ def test_labels_spread_over_the_flagged_questions(shared_data):
     assert [label["question"] for label in labels] == [record["question"] for record in flagged[::3]]
 
 
-@pytest.mark.parametrize("half, start, measured", [("rules written on", 0, MEASURED_EVEN),
-                                                    ("held out", 1, MEASURED_ODD)])
+@pytest.mark.parametrize(
+    "half, start, measured", [("rules written on", 0, MEASURED_EVEN), ("held out", 1, MEASURED_ODD)]
+)
 def test_classifier_agrees_with_the_hand_labels(shared_data, half, start, measured):
     examples = {example.id: example for example in load_dataset("wtq", data_dir=shared_data)}
     result = agreement(load_order_labels()[start::2], examples)
@@ -81,37 +86,40 @@ def test_the_keyword_rule_disagrees_with_every_content_label(shared_data):
 # ------------------------------------------------------------------ one case per rule
 
 
-@pytest.mark.parametrize("question, table, dependent, rule", [
-    # presentation phrases: the question refers to the table as laid out
-    ("what is the first country listed?", RESULTS, True, "position_then_listed"),
-    ("which team is listed last?", RESULTS, True, "listed_then_position"),
-    ("what team is listed previous to algeria?", RESULTS, True, "listed_then_position"),
-    ("who is the last nation on this chart?", RESULTS, True, "position_on_the_table"),
-    ("the nation before kenya in the table", RESULTS, True, "position_on_the_table"),
-    ("which nation is at the top?", RESULTS, True, "at_the_top"),
-    ("which nation is above algeria?", RESULTS, True, "above_or_below_an_entity"),
-    ("which winner is next to maynooth?", WINNERS, True, "next_to"),
-    ("what is in the last column?", RESULTS, True, "row_or_column"),
-    # relative phrases: dependent only when no column tells the entity's row from its neighbour
-    ("which team won previous to crettyard?", WINNERS, False, "relative-separated"),
-    ("what component comes before usb?", COMPONENTS, True, "relative-unseparated"),
-    ("which single was released before dopeman?", SINGLES, True, "relative-unseparated"),  # both 1997
-    ("which single came after dopeman?", SINGLES, False, "relative-separated"),  # 1997 vs 1998
-    ("which nation finished above algeria?", RESULTS, False, "relative-separated"),  # a rank, read as 'before'
-    ("did crettyard win before maynooth?", WINNERS, False, "relative-separated"),  # yes/no: compares values
-    # content: the order word is about values
-    ("which nation has the next highest total after algeria?", RESULTS, False, "ranked_value"),
-    ("how long after greystones did maynooth win?", WINNERS, False, "time_difference"),
-    ("what was the next year that maynooth won?", WINNERS, False, "adjacent_year"),
-    ("which nation came in first place?", RESULTS, False, "no-rule"),
-    ("how many nations have a total above 20?", RESULTS, False, "no-rule"),
-    ("is nigeria above or below kenya in total?", RESULTS, False, "no-rule"),
-    ("which team won after 2005?", WINNERS, False, "no-rule"),
-    ("translate the following into german: usb", COMPONENTS, False, "no-rule"),
-    ("what is the top speed of the cpu?", COMPONENTS, False, "no-rule"),
-    ("what was the change in total after adoption of the new standard?", RESULTS, False, "no-rule"),
-    ("how many teams were listed before 2006?", WINNERS, False, "no-rule"),
-])
+@pytest.mark.parametrize(
+    "question, table, dependent, rule",
+    [
+        # presentation phrases: the question refers to the table as laid out
+        ("what is the first country listed?", RESULTS, True, "position_then_listed"),
+        ("which team is listed last?", RESULTS, True, "listed_then_position"),
+        ("what team is listed previous to algeria?", RESULTS, True, "listed_then_position"),
+        ("who is the last nation on this chart?", RESULTS, True, "position_on_the_table"),
+        ("the nation before kenya in the table", RESULTS, True, "position_on_the_table"),
+        ("which nation is at the top?", RESULTS, True, "at_the_top"),
+        ("which nation is above algeria?", RESULTS, True, "above_or_below_an_entity"),
+        ("which winner is next to maynooth?", WINNERS, True, "next_to"),
+        ("what is in the last column?", RESULTS, True, "row_or_column"),
+        # relative phrases: dependent only when no column tells the entity's row from its neighbour
+        ("which team won previous to crettyard?", WINNERS, False, "relative-separated"),
+        ("what component comes before usb?", COMPONENTS, True, "relative-unseparated"),
+        ("which single was released before dopeman?", SINGLES, True, "relative-unseparated"),  # both 1997
+        ("which single came after dopeman?", SINGLES, False, "relative-separated"),  # 1997 vs 1998
+        ("which nation finished above algeria?", RESULTS, False, "relative-separated"),  # a rank, read as 'before'
+        ("did crettyard win before maynooth?", WINNERS, False, "relative-separated"),  # yes/no: compares values
+        # content: the order word is about values
+        ("which nation has the next highest total after algeria?", RESULTS, False, "ranked_value"),
+        ("how long after greystones did maynooth win?", WINNERS, False, "time_difference"),
+        ("what was the next year that maynooth won?", WINNERS, False, "adjacent_year"),
+        ("which nation came in first place?", RESULTS, False, "no-rule"),
+        ("how many nations have a total above 20?", RESULTS, False, "no-rule"),
+        ("is nigeria above or below kenya in total?", RESULTS, False, "no-rule"),
+        ("which team won after 2005?", WINNERS, False, "no-rule"),
+        ("translate the following into german: usb", COMPONENTS, False, "no-rule"),
+        ("what is the top speed of the cpu?", COMPONENTS, False, "no-rule"),
+        ("what was the change in total after adoption of the new standard?", RESULTS, False, "no-rule"),
+        ("how many teams were listed before 2006?", WINNERS, False, "no-rule"),
+    ],
+)
 def test_each_rule_decides_its_case(question, table, dependent, rule):
     verdict = order_verdict(_example(question, *table))
     assert (verdict.dependent, verdict.rule) == (dependent, rule), verdict
@@ -120,17 +128,35 @@ def test_each_rule_decides_its_case(question, table, dependent, rule):
 
 def test_a_summary_row_is_not_a_neighbour():
     """'Before joining Stoke': the row above Stoke's first season is the previous club's Total row."""
-    table = (["Club", "Season", "Apps"], [["Arsenal", "1964–65", "44"], ["Arsenal", "1965–66", "38"],
-                                          ["Arsenal", "Total", "223"], ["Stoke City", "1966–67", "43"]])
+    table = (
+        ["Club", "Season", "Apps"],
+        [
+            ["Arsenal", "1964–65", "44"],
+            ["Arsenal", "1965–66", "38"],
+            ["Arsenal", "Total", "223"],
+            ["Stoke City", "1966–67", "43"],
+        ],
+    )
     verdict = order_verdict(_example("what was his record before stoke city?", *table))
     assert (verdict.dependent, verdict.rule) == (False, "relative-separated") and "row 1" in verdict.evidence
 
 
-@pytest.mark.parametrize("cell, key", [
-    ("June 23, 1992", 19920623), ("5 July 2001", 20010705), ("1950-05-28", 19500528), ("May 2001", 20010500),
-    ("2013–14", 20130000.0), ("1:57.08", 117.08), ("+1:04.023", 64.023), ("Gold", 1.0), ("12th", 12.0),
-    ("Ret", None), ("", None),
-])
+@pytest.mark.parametrize(
+    "cell, key",
+    [
+        ("June 23, 1992", 19920623),
+        ("5 July 2001", 20010705),
+        ("1950-05-28", 19500528),
+        ("May 2001", 20010500),
+        ("2013–14", 20130000.0),
+        ("1:57.08", 117.08),
+        ("+1:04.023", 64.023),
+        ("Gold", 1.0),
+        ("12th", 12.0),
+        ("Ret", None),
+        ("", None),
+    ],
+)
 def test_order_keys(cell, key):
     assert _order_key(cell) == (pytest.approx(key) if key is not None else None)
 
@@ -139,8 +165,11 @@ def test_order_keys(cell, key):
 
 
 def test_filter_examples_uses_the_classifier_by_default_and_keywords_on_request():
-    examples = [_example("which team is listed last?", *RESULTS), _example("who came first?", *RESULTS),
-                _example("how many teams?", *RESULTS)]
+    examples = [
+        _example("which team is listed last?", *RESULTS),
+        _example("who came first?", *RESULTS),
+        _example("how many teams?", *RESULTS),
+    ]
     ids = lambda kept: [e.id for e in kept]  # noqa: E731
     assert DEFAULT_ORDER_FILTER == "classifier"
     assert ids(filter_examples(examples, order_sensitive=False)) == ["who came first?", "how many teams?"]

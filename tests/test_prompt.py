@@ -10,9 +10,9 @@ from atp_jax.tables.table import Example, Table
 # The instructions of the committed records, verbatim.
 PLAIN = {
     "concise": "Answer the question using the table. Reply with the answer only, as briefly as possible. "
-               "If there are several answers, separate them with '|'.",
+    "If there are several answers, separate them with '|'.",
     "step_by_step": "Answer the question using the table. Think step by step, then end with a last line of the "
-                    "form 'Final answer: <answer>'. If there are several answers, separate them with '|'.",
+    "form 'Final answer: <answer>'. If there are several answers, separate them with '|'.",
 }
 TABLE = Table(["Item", "2019 ($ in millions)"], [["Revenue", "1.5"], ["Margin (%)", "12.5"]])
 
@@ -39,8 +39,14 @@ def test_tatqa_asks_for_the_scale_by_default(reasoning):
 
 
 def test_render_prompt_follows_the_examples_dataset(smollm2_tokenizer):
-    tatqa = Example("What was the revenue in 2019?", TABLE, ["1.5"], "t", dataset="tatqa",
-                    meta={"scale": "million", "answer_type": "span"})
+    tatqa = Example(
+        "What was the revenue in 2019?",
+        TABLE,
+        ["1.5"],
+        "t",
+        dataset="tatqa",
+        meta={"scale": "million", "answer_type": "span"},
+    )
     wtq = Example("What was the revenue in 2019?", TABLE, ["1.5"], "w", dataset="wtq")
     tatqa_text = render_prompt(smollm2_tokenizer, tatqa).text
     assert instruction(PromptStyle(), "tatqa") in tatqa_text and PLAIN["concise"] not in tatqa_text

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from atp_jax.attack.presets import preset
+from atp_jax.inference.qa import answer_losses
 from atp_jax.runs import records as records_module
 from atp_jax.runs.experiment import manifest_path, replay, results_path, run_one
-from atp_jax.inference.qa import answer_losses
 from atp_jax.runs.records import append_record, done_keys, read_records
 from atp_jax.tables.prompt import PromptStyle
 from atp_jax.tables.table import Example, Table
@@ -19,10 +19,14 @@ def test_round_trip_one_sorted_line_per_record(tmp_path):
     append_record(path, {"id": "a", "attack": "vanilla", "answer_loss": 1.5})
     append_record(path, {"id": "b", "attack": "paper", "prediction": "Zoë"})
     lines = path.read_text(encoding="utf-8").splitlines()
-    assert lines == ['{"answer_loss": 1.5, "attack": "vanilla", "id": "a"}',
-                     '{"attack": "paper", "id": "b", "prediction": "Zoë"}']
-    assert list(read_records(path)) == [{"id": "a", "attack": "vanilla", "answer_loss": 1.5},
-                                        {"id": "b", "attack": "paper", "prediction": "Zoë"}]
+    assert lines == [
+        '{"answer_loss": 1.5, "attack": "vanilla", "id": "a"}',
+        '{"attack": "paper", "id": "b", "prediction": "Zoë"}',
+    ]
+    assert list(read_records(path)) == [
+        {"id": "a", "attack": "vanilla", "answer_loss": 1.5},
+        {"id": "b", "attack": "paper", "prediction": "Zoë"},
+    ]
 
 
 def test_missing_file_reads_as_empty(tmp_path):
@@ -70,7 +74,7 @@ def test_damaged_complete_line_is_an_error_naming_file_and_line(tmp_path):
     path.write_text('{"id": "a", "attack": "vanilla"}\nnot json\n{"id": "b", "attack": "paper"}\n')
     with pytest.raises(ValueError, match=r"results\.jsonl:2 is not a JSON record"):
         list(read_records(path))
-    path.write_text('[1, 2]\n')
+    path.write_text("[1, 2]\n")
     with pytest.raises(ValueError, match=r"results\.jsonl:1 holds a JSON list"):
         list(read_records(path))
 
@@ -79,7 +83,9 @@ def test_done_keys_spans_files(tmp_path):
     append_record(tmp_path / "results.shard0.jsonl", {"id": "a", "attack": "vanilla"})
     append_record(tmp_path / "results.shard1.jsonl", {"id": "b", "attack": "paper", "skipped": "too small"})
     assert done_keys([tmp_path / "results.shard0.jsonl", tmp_path / "results.shard1.jsonl"]) == {
-        ("a", "vanilla"), ("b", "paper")}
+        ("a", "vanilla"),
+        ("b", "paper"),
+    }
 
 
 def test_result_and_manifest_paths_per_process(tmp_path):
@@ -94,10 +100,25 @@ def test_result_and_manifest_paths_per_process(tmp_path):
 EXAMPLE = Example(
     "Which team was first?",
     Table(["Team", "City", "Wins"], [["Lions", "Paris", "3"], ["Bears", "Rome", "12"], ["Owls", "Oslo", "7"]]),
-    ["Lions"], "toy", dataset="wtq",
+    ["Lions"],
+    "toy",
+    dataset="wtq",
 )
-SCHEMA = {"id", "attack", "row_perm", "col_perm", "prediction", "scores", "answer_loss", "clean_loss", "queries",
-          "backward_calls", "seconds", "generate_seconds", "trace"}
+SCHEMA = {
+    "id",
+    "attack",
+    "row_perm",
+    "col_perm",
+    "prediction",
+    "scores",
+    "answer_loss",
+    "clean_loss",
+    "queries",
+    "backward_calls",
+    "seconds",
+    "generate_seconds",
+    "trace",
+}
 
 
 @pytest.fixture(scope="module")

@@ -46,15 +46,30 @@ def test_a_registered_method_is_an_attack_like_any_other():
     assert preset("rotate_rows@shift=2") == RotateRowsConfig(shift=2)
     assert attack_names(["rotate_rows@shift=1", "rotate_rows@shift=2"]) == ["rotate_rows", "rotate_rows@shift=2"]
     with pytest.raises(ValueError, match="already registered"):
-        registry.register(dataclasses.make_dataclass("Other", [], bases=(RotateRowsConfig,), frozen=True),
-                          run_rotate_rows)
+        registry.register(
+            dataclasses.make_dataclass("Other", [], bases=(RotateRowsConfig,), frozen=True), run_rotate_rows
+        )
 
 
 def test_the_binary_runs_a_method_registered_by_this_module(tiny_checkpoint, tmp_path):
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join([str(REPO / "tests"), str(REPO)]))
-    command = [sys.executable, "experiments/run_attack.py", "--model", str(tiny_checkpoint), "--dataset", "sample",
-               "--num_examples", "1", "--nogenerate", "--attack_modules", "test_registry",
-               "--attacks", "vanilla,rotate_rows@shift=2", "--output_dir", str(tmp_path)]
+    command = [
+        sys.executable,
+        "experiments/run_attack.py",
+        "--model",
+        str(tiny_checkpoint),
+        "--dataset",
+        "sample",
+        "--num_examples",
+        "1",
+        "--nogenerate",
+        "--attack_modules",
+        "test_registry",
+        "--attacks",
+        "vanilla,rotate_rows@shift=2",
+        "--output_dir",
+        str(tmp_path),
+    ]
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     records = {r["attack"]: r for r in map(json.loads, (tmp_path / "results.jsonl").read_text().splitlines())}
@@ -63,5 +78,10 @@ def test_the_binary_runs_a_method_registered_by_this_module(tiny_checkpoint, tmp
     n = len(rotated["row_perm"])
     assert rotated["row_perm"] == list(np.roll(np.arange(n), 2)) and rotated["queries"] == 1
     manifest = json.loads((tmp_path / "run.json").read_text())
-    assert manifest["attacks"]["rotate_rows@shift=2"] == {"method": "rotate_rows", "mode": "joint",
-                                                          "objective": "ce", "seed": 0, "shift": 2}
+    assert manifest["attacks"]["rotate_rows@shift=2"] == {
+        "method": "rotate_rows",
+        "mode": "joint",
+        "objective": "ce",
+        "seed": 0,
+        "shift": 2,
+    }

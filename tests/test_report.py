@@ -14,22 +14,42 @@ import pytest
 
 from atp_jax.runs.records import append_record
 from atp_jax.runs.report import (
-    bootstrap_ci, load_run, plot_scores, plot_sweeps, results_files, score_csv, score_markdown,
-    score_tables, sweep_rows, sweep_value,
+    bootstrap_ci,
+    load_run,
+    plot_scores,
+    plot_sweeps,
+    results_files,
+    score_csv,
+    score_markdown,
+    score_tables,
+    sweep_rows,
+    sweep_value,
 )
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def rec(id_, attack, loss, **scores):
-    return {"id": id_, "attack": attack, "answer_loss": loss, "clean_loss": 1.0, "scores": scores,
-            "row_perm": [0], "col_perm": [0], "prediction": "x", "queries": 1, "backward_calls": 0, "seconds": 0.1}
+    return {
+        "id": id_,
+        "attack": attack,
+        "answer_loss": loss,
+        "clean_loss": 1.0,
+        "scores": scores,
+        "row_perm": [0],
+        "col_perm": [0],
+        "prediction": "x",
+        "queries": 1,
+        "backward_calls": 0,
+        "seconds": 0.1,
+    }
 
 
 def make_folder(path, model, dataset, files, style="markdown"):
     path.mkdir(parents=True)
-    (path / "run.json").write_text(json.dumps({"model": model, "dataset": dataset,
-                                               "style": {"linearization": style, "reasoning": "concise"}}))
+    (path / "run.json").write_text(
+        json.dumps({"model": model, "dataset": dataset, "style": {"linearization": style, "reasoning": "concise"}})
+    )
     for name, records in files.items():
         for r in records:
             append_record(path / name, r)
@@ -38,19 +58,37 @@ def make_folder(path, model, dataset, files, style="markdown"):
 
 @pytest.fixture
 def folders(tmp_path):
-    a = make_folder(tmp_path / "a", "m1", "wtq", {
-        "results.jsonl": [rec("e1", "vanilla", 1.0, accuracy=1.0), rec("e2", "vanilla", 2.0, accuracy=0.0)],
-        "results.shard0.jsonl": [rec("e1", "vanilla", 9.0, accuracy=0.0),  # duplicate: the first one counts
-                                 rec("e1", "paper", 3.0, accuracy=0.0), rec("e3", "vanilla", 1.5, accuracy=1.0)],
-        "results.shard1.jsonl": [rec("e2", "paper", 2.5, accuracy=1.0),
-                                 {"id": "e3", "attack": "paper", "skipped": "one data row"}],
-    })
+    a = make_folder(
+        tmp_path / "a",
+        "m1",
+        "wtq",
+        {
+            "results.jsonl": [rec("e1", "vanilla", 1.0, accuracy=1.0), rec("e2", "vanilla", 2.0, accuracy=0.0)],
+            "results.shard0.jsonl": [
+                rec("e1", "vanilla", 9.0, accuracy=0.0),  # duplicate: the first one counts
+                rec("e1", "paper", 3.0, accuracy=0.0),
+                rec("e3", "vanilla", 1.5, accuracy=1.0),
+            ],
+            "results.shard1.jsonl": [
+                rec("e2", "paper", 2.5, accuracy=1.0),
+                {"id": "e3", "attack": "paper", "skipped": "one data row"},
+            ],
+        },
+    )
     with (a / "results.shard1.jsonl").open("a") as f:
         f.write('{"id": "e4", "attack": "van')  # torn last line: ignored
-    b = make_folder(tmp_path / "b", "m2", "wtq", {
-        "results.jsonl": [rec("e1", "vanilla", 0.5, accuracy=1.0), rec("e1", "paper", 4.0, accuracy=0.0)]})
-    c = make_folder(tmp_path / "c", "m1", "tatqa", {
-        "results.jsonl": [rec("t1", "vanilla", 1.0, em=1.0, f1=1.0), rec("t2", "vanilla", 3.0, em=0.0, f1=0.5)]})
+    b = make_folder(
+        tmp_path / "b",
+        "m2",
+        "wtq",
+        {"results.jsonl": [rec("e1", "vanilla", 0.5, accuracy=1.0), rec("e1", "paper", 4.0, accuracy=0.0)]},
+    )
+    c = make_folder(
+        tmp_path / "c",
+        "m1",
+        "tatqa",
+        {"results.jsonl": [rec("t1", "vanilla", 1.0, em=1.0, f1=1.0), rec("t2", "vanilla", 3.0, em=0.0, f1=0.5)]},
+    )
     return a, b, c
 
 
@@ -60,22 +98,39 @@ def cell(table, model, attack):
 
 # --------------------------------------------------------------------------- merging
 
+
 def test_results_files_in_shard_order(tmp_path):
     folder = tmp_path / "r"
     folder.mkdir()
-    for name in ("results.shard10.jsonl", "results.shard2.jsonl", "results.jsonl", "results.shard0.jsonl",
-                 "results.shardX.jsonl", "other.jsonl"):
+    for name in (
+        "results.shard10.jsonl",
+        "results.shard2.jsonl",
+        "results.jsonl",
+        "results.shard0.jsonl",
+        "results.shardX.jsonl",
+        "other.jsonl",
+    ):
         (folder / name).write_text("")
     assert [p.name for p in results_files(folder)] == [
-        "results.jsonl", "results.shard0.jsonl", "results.shard2.jsonl", "results.shard10.jsonl"]
+        "results.jsonl",
+        "results.shard0.jsonl",
+        "results.shard2.jsonl",
+        "results.shard10.jsonl",
+    ]
 
 
 def test_load_run_merges_shards_keeps_first_and_skips_torn_line(folders):
     run = load_run(folders[0])
     assert run.model == "m1" and run.dataset == "wtq"
     keys = [(r["id"], r["attack"]) for r in run.records]
-    assert keys == [("e1", "vanilla"), ("e2", "vanilla"), ("e1", "paper"), ("e3", "vanilla"), ("e2", "paper"),
-                    ("e3", "paper")]
+    assert keys == [
+        ("e1", "vanilla"),
+        ("e2", "vanilla"),
+        ("e1", "paper"),
+        ("e3", "vanilla"),
+        ("e2", "paper"),
+        ("e3", "paper"),
+    ]
     assert run.records[0]["answer_loss"] == 1.0  # results.jsonl's, not shard0's duplicate
 
 
@@ -105,6 +160,7 @@ def test_shard_manifests_must_agree(tmp_path):
 
 # --------------------------------------------------------------------------- aggregation
 
+
 def test_tables_per_dataset_with_default_metric(folders):
     wtq, tatqa = score_tables([load_run(f) for f in folders])
     assert (wtq.dataset, wtq.metric, wtq.models, wtq.attacks) == ("wtq", "accuracy", ["m1", "m2"], ["vanilla", "paper"])
@@ -123,14 +179,16 @@ def test_loss_metric_and_unknown_metric(folders):
     assert cell(wtq, "m1", "paper").mean == pytest.approx((3.0 + 2.5) / 2)
     (tatqa,) = score_tables([load_run(folders[2])], metric="f1")
     assert cell(tatqa, "m1", "vanilla").mean == 0.75
-    with pytest.raises(ValueError, match="metric 'f1' is not recorded in the 'wtq' results; available: accuracy, "
-                                         "answer_loss"):
+    with pytest.raises(
+        ValueError, match="metric 'f1' is not recorded in the 'wtq' results; available: accuracy, answer_loss"
+    ):
         score_tables([load_run(folders[0])], metric="f1")
 
 
 def test_runs_without_scores_default_to_the_loss(tmp_path):
-    folder = make_folder(tmp_path / "nogen", "m1", "sample", {
-        "results.jsonl": [rec("e1", "vanilla", 1.0), rec("e2", "vanilla", 2.0)]})
+    folder = make_folder(
+        tmp_path / "nogen", "m1", "sample", {"results.jsonl": [rec("e1", "vanilla", 1.0), rec("e2", "vanilla", 2.0)]}
+    )
     (table,) = score_tables([load_run(folder)])
     assert table.metric == "answer_loss" and cell(table, "m1", "vanilla").mean == 1.5
 
@@ -143,8 +201,12 @@ def test_paired_keeps_examples_measured_for_every_attack(folders):
 
 
 def test_folders_of_one_model_share_a_row_first_folder_wins(tmp_path, folders):
-    extra = make_folder(tmp_path / "extra", "m1", "wtq", {
-        "results.jsonl": [rec("e1", "vanilla", 7.0, accuracy=0.0), rec("e5", "vanilla", 1.0, accuracy=0.0)]})
+    extra = make_folder(
+        tmp_path / "extra",
+        "m1",
+        "wtq",
+        {"results.jsonl": [rec("e1", "vanilla", 7.0, accuracy=0.0), rec("e5", "vanilla", 1.0, accuracy=0.0)]},
+    )
     wtq, _ = score_tables([load_run(folders[0]), load_run(extra), load_run(folders[2])])
     assert wtq.models == ["m1"]
     # e1 from folder a (1), e2 0, e3 1, e5 0 (e1's duplicate in `extra` ignored).
@@ -153,14 +215,16 @@ def test_folders_of_one_model_share_a_row_first_folder_wins(tmp_path, folders):
 
 def test_one_model_in_two_styles_gets_two_rows(tmp_path):
     md = make_folder(tmp_path / "md", "m1", "wtq", {"results.jsonl": [rec("e1", "vanilla", 1.0, accuracy=1.0)]})
-    cs = make_folder(tmp_path / "cs", "m1", "wtq", {"results.jsonl": [rec("e1", "vanilla", 1.0, accuracy=0.0)]},
-                     style="csv")
+    cs = make_folder(
+        tmp_path / "cs", "m1", "wtq", {"results.jsonl": [rec("e1", "vanilla", 1.0, accuracy=0.0)]}, style="csv"
+    )
     (table,) = score_tables([load_run(md), load_run(cs)])
     assert table.models == ["m1 (markdown/concise)", "m1 (csv/concise)"]
     assert cell(table, "m1 (csv/concise)", "vanilla").mean == 0.0
 
 
 # --------------------------------------------------------------------------- bootstrap
+
 
 def test_bootstrap_of_constant_values_is_a_point():
     assert bootstrap_ci([0.25, 0.25, 0.25]) == (0.25, 0.25)
@@ -198,6 +262,7 @@ def test_ci_cells_bracket_the_mean(folders):
 
 
 # --------------------------------------------------------------------------- outputs
+
 
 def test_markdown_content(folders):
     text = score_markdown(score_tables([load_run(f) for f in folders]))
@@ -245,8 +310,21 @@ def test_plot_writes_a_png(folders, tmp_path):
 def test_report_binary_writes_markdown_csv_and_png(folders, tmp_path):
     prefix = tmp_path / "out" / "table"
     done = subprocess.run(
-        [sys.executable, "experiments/report.py", "--results", ",".join(map(str, folders)), "--ci",
-         "--output", str(prefix)], check=False, cwd=REPO, capture_output=True, text=True, timeout=120)
+        [
+            sys.executable,
+            "experiments/report.py",
+            "--results",
+            ",".join(map(str, folders)),
+            "--ci",
+            "--output",
+            str(prefix),
+        ],
+        check=False,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert "| m1 | 0.667 ± " in done.stdout
     assert Path(f"{prefix}.md").read_text().startswith("### wtq: mean accuracy ± half the 95% bootstrap interval")
@@ -255,6 +333,7 @@ def test_report_binary_writes_markdown_csv_and_png(folders, tmp_path):
 
 
 # --------------------------------------------------------------------------- sweeps
+
 
 def test_sweep_values_read_from_attack_specs():
     assert sweep_value("paper@lambda_col=0.5,lambda_row=0.5", "lambda") == 0.5
@@ -266,10 +345,14 @@ def test_sweep_values_read_from_attack_specs():
 
 
 def test_sweep_rows_sorted_by_value(tmp_path):
-    records = [rec("e1", "paper@n_attack=10", 2.0, accuracy=0.0), rec("e1", "paper@n_attack=5", 1.0, accuracy=1.0),
-               rec("e2", "paper@n_attack=5", 3.0, accuracy=0.0),
-               rec("e1", "paper@lambda_col=1.0,lambda_row=1.0", 9.0, accuracy=0.0),
-               rec("e1", "vanilla", 9.0, accuracy=0.0), {"id": "e3", "attack": "paper@n_attack=5", "skipped": "x"}]
+    records = [
+        rec("e1", "paper@n_attack=10", 2.0, accuracy=0.0),
+        rec("e1", "paper@n_attack=5", 1.0, accuracy=1.0),
+        rec("e2", "paper@n_attack=5", 3.0, accuracy=0.0),
+        rec("e1", "paper@lambda_col=1.0,lambda_row=1.0", 9.0, accuracy=0.0),
+        rec("e1", "vanilla", 9.0, accuracy=0.0),
+        {"id": "e3", "attack": "paper@n_attack=5", "skipped": "x"},
+    ]
     rows = sweep_rows(records, "n_attack")
     assert rows == [
         {"n_attack": 5.0, "examples": 2, "mean_loss": 2.0, "mean_clean_loss": 1.0, "mean_accuracy": 0.5},
@@ -284,10 +367,14 @@ def test_sweep_rows_sorted_by_value(tmp_path):
 def test_paired_comparisons_by_hand():
     from atp_jax.runs.report import comparison_markdown, paired_comparisons
 
-    records = [rec("e1", "search_warm", 3.0), rec("e1", "search_warm_reversed", 2.0),
-               rec("e2", "search_warm", 1.0), rec("e2", "search_warm_reversed", 1.5),
-               rec("e3", "search_warm", 2.0),  # no control on e3: left out of the pair
-               {"id": "e4", "attack": "search_warm", "skipped": "too big"}]
+    records = [
+        rec("e1", "search_warm", 3.0),
+        rec("e1", "search_warm_reversed", 2.0),
+        rec("e2", "search_warm", 1.0),
+        rec("e2", "search_warm_reversed", 1.5),
+        rec("e3", "search_warm", 2.0),  # no control on e3: left out of the pair
+        {"id": "e4", "attack": "search_warm", "skipped": "too big"},
+    ]
     (row,) = paired_comparisons(records, pairs=[("search_warm", "search_warm_reversed"), ("atp_st", "best_of_k")])
     assert row["examples"] == 2 and row["mean_difference"] == pytest.approx(0.25) and row["higher"] == "1/2"
     assert row["ci_low"] == pytest.approx(-0.5) and row["ci_high"] == pytest.approx(1.0)
@@ -297,10 +384,15 @@ def test_paired_comparisons_by_hand():
 def test_option_rows_by_hand():
     from atp_jax.runs.report import option_rows
 
-    records = [rec("e1", "atp_st", 2.0), rec("e2", "atp_st", 4.0),
-               rec("e1", "atp_st@init=uniform", 3.0), rec("e2", "atp_st@init=uniform", 3.0),
-               rec("e1", "atp_st@keep_best=off", 1.0),  # only on e1: compared there alone
-               rec("e1", "paper", 9.0), {"id": "e2", "attack": "atp_st@keep_best=off", "skipped": "x"}]
+    records = [
+        rec("e1", "atp_st", 2.0),
+        rec("e2", "atp_st", 4.0),
+        rec("e1", "atp_st@init=uniform", 3.0),
+        rec("e2", "atp_st@init=uniform", 3.0),
+        rec("e1", "atp_st@keep_best=off", 1.0),  # only on e1: compared there alone
+        rec("e1", "paper", 9.0),
+        {"id": "e2", "attack": "atp_st@keep_best=off", "skipped": "x"},
+    ]
     rows = option_rows(records, "atp_st")
     assert [r["attack"] for r in rows] == ["atp_st", "atp_st@init=uniform", "atp_st@keep_best=off"]
     assert rows[0] == {"attack": "atp_st", "examples": 2, "mean_answer_loss": 3.0}

@@ -4,6 +4,7 @@ processes joined through ``jax.distributed`` on localhost shard the work exactly
 
 Only cheap attacks (one forward each) and ``--nogenerate``: the cost is start-up and compilation."""
 
+import contextlib
 import json
 import os
 import re
@@ -16,13 +17,20 @@ from pathlib import Path
 
 import pytest
 
-from atp_jax.runs.report import load_run
 from atp_jax.models import zoo
+from atp_jax.runs.report import load_run
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "smollm2-135m-instruct"
-CLUSTER_VARS = ("SLURM_NTASKS", "SLURM_STEP_NUM_TASKS", "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES",
-                "JAX_PROCESS_ID", "TPU_WORKER_HOSTNAMES", "TPU_PROCESS_ADDRESSES")
+CLUSTER_VARS = (
+    "SLURM_NTASKS",
+    "SLURM_STEP_NUM_TASKS",
+    "JAX_COORDINATOR_ADDRESS",
+    "JAX_NUM_PROCESSES",
+    "JAX_PROCESS_ID",
+    "TPU_WORKER_HOSTNAMES",
+    "TPU_PROCESS_ADDRESSES",
+)
 RUN_TIMEOUT_S = 300  # one run; ~10-40 s on 2 idle cores, several times that on a loaded machine
 COUNTS = re.compile(r"(\d+) examples x (\d+) attacks: (\d+) recorded, (\d+) to run")
 
@@ -42,23 +50,36 @@ def _env(**extra) -> dict:
 
 
 def _command(output_dir: Path, num_examples: int, attacks: str, distributed: str) -> list[str]:
-    return [sys.executable, "experiments/run_attack.py", "--model", MODEL, "--dataset", "sample",
-            "--num_examples", str(num_examples), "--attacks", attacks, "--nogenerate",
-            "--output_dir", str(output_dir), "--distributed", distributed]
+    return [
+        sys.executable,
+        "experiments/run_attack.py",
+        "--model",
+        MODEL,
+        "--dataset",
+        "sample",
+        "--num_examples",
+        str(num_examples),
+        "--attacks",
+        attacks,
+        "--nogenerate",
+        "--output_dir",
+        str(output_dir),
+        "--distributed",
+        distributed,
+    ]
 
 
 def _start(command: list[str], log: Path, env: dict) -> subprocess.Popen:
     """Starts ``command`` in its own process group (so killpg reaches everything it started), output to ``log``."""
     with log.open("wb") as out:
-        return subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        return subprocess.Popen(
+            command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
 
 
 def _kill(proc: subprocess.Popen) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     proc.wait()
 
 
@@ -78,8 +99,7 @@ def _finish(procs: list[subprocess.Popen], logs: list[Path], timeout: float = RU
             if p.poll() is None:
                 _kill(p)
     if bad:
-        detail = "\n".join(f"--- process {i} (exit {procs[i].returncode}):\n{logs[i].read_text()[-4000:]}"
-                           for i in bad)
+        detail = "\n".join(f"--- process {i} (exit {procs[i].returncode}):\n{logs[i].read_text()[-4000:]}" for i in bad)
         pytest.fail(f"run_attack did not finish within {timeout:.0f} s with exit 0:\n{detail}")
 
 
@@ -115,8 +135,10 @@ def test_kill_9_mid_run_then_rerun_records_every_pair_once(tmp_path):
         deadline = time.monotonic() + RUN_TIMEOUT_S
         while not _lines(results):
             if proc.poll() is not None:
-                pytest.fail(f"run exited ({proc.returncode}) before its first record:\n"
-                            f"{(tmp_path / 'first.log').read_text()[-4000:]}")
+                pytest.fail(
+                    f"run exited ({proc.returncode}) before its first record:\n"
+                    f"{(tmp_path / 'first.log').read_text()[-4000:]}"
+                )
             assert time.monotonic() < deadline, "no record within the deadline"
             time.sleep(0.05)
         assert proc.poll() is None, "the run ended before it could be killed: give it more pairs"
@@ -156,14 +178,23 @@ def test_two_jax_distributed_processes_shard_the_single_process_selection(tmp_pa
     address = f"localhost:{_free_port()}"
     logs = [tmp_path / "process0.log", tmp_path / "process1.log", tmp_path / "single.log"]
     # No --process_index/--process_count: each process must learn its shard from jax.distributed.
-    procs = [_start(_command(sharded, 3, attacks, "on"), logs[k],
-                    _env(JAX_COORDINATOR_ADDRESS=address, JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(k)))
-             for k in range(2)]
+    procs = [
+        _start(
+            _command(sharded, 3, attacks, "on"),
+            logs[k],
+            _env(JAX_COORDINATOR_ADDRESS=address, JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(k)),
+        )
+        for k in range(2)
+    ]
     procs.append(_start(_command(single, 3, attacks, "off"), logs[2], _env()))
     _finish(procs, logs)
 
-    assert sorted(p.name for p in sharded.iterdir()) == ["results.shard0.jsonl", "results.shard1.jsonl",
-                                                         "run.shard0.json", "run.shard1.json"]
+    assert sorted(p.name for p in sharded.iterdir()) == [
+        "results.shard0.jsonl",
+        "results.shard1.jsonl",
+        "run.shard0.json",
+        "run.shard1.json",
+    ]
     for k in range(2):
         manifest = json.loads((sharded / f"run.shard{k}.json").read_text())
         assert (manifest["process_index"], manifest["process_count"]) == (k, 2)

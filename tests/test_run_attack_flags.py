@@ -16,8 +16,15 @@ NO_MODEL = "/nonexistent/model.gguf"
 
 
 def _run(tmp_path, *args):
-    command = [sys.executable, "experiments/run_attack.py", "--model", NO_MODEL,
-               "--output_dir", str(tmp_path / "out"), *args]
+    command = [
+        sys.executable,
+        "experiments/run_attack.py",
+        "--model",
+        NO_MODEL,
+        "--output_dir",
+        str(tmp_path / "out"),
+        *args,
+    ]
     return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
 
 
@@ -27,15 +34,18 @@ def _closed_port():
         return probe.getsockname()[1]
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--attacks", "vanilla,atp_magic"], "unknown attack(s) atp_magic"),
-    (["--dataset", "/nonexistent/data.jsonl"], "--dataset /nonexistent/data.jsonl"),
-    (["--metrics", "bleu"], "--metrics: unknown bleu"),
-    (["--answer_format", "fancy"], "--answer_format"),
-    (["--metrics", "auto,judge"], "needs exactly one of --judge_model or --judge_url"),
-    (["--metrics", "auto,judge", "--judge_model", "x", "--nogenerate"], "drop --nogenerate"),
-    (["--order_filter", "regex"], "--order_filter=regex: value should be one of <classifier|keywords>"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--attacks", "vanilla,atp_magic"], "unknown attack(s) atp_magic"),
+        (["--dataset", "/nonexistent/data.jsonl"], "--dataset /nonexistent/data.jsonl"),
+        (["--metrics", "bleu"], "--metrics: unknown bleu"),
+        (["--answer_format", "fancy"], "--answer_format"),
+        (["--metrics", "auto,judge"], "needs exactly one of --judge_model or --judge_url"),
+        (["--metrics", "auto,judge", "--judge_model", "x", "--nogenerate"], "drop --nogenerate"),
+        (["--order_filter", "regex"], "--order_filter=regex: value should be one of <classifier|keywords>"),
+    ],
+)
 def test_bad_flag_stops_before_the_model(tmp_path, args, message):
     done = _run(tmp_path, *args)
     assert done.returncode != 0
@@ -69,8 +79,17 @@ def test_with_good_flags_the_missing_model_is_what_stops_it(tmp_path):
 def test_attack_groups_expand_in_order_without_duplicates():
     from atp_jax.attack.presets import PRESETS, attack_names
 
-    assert attack_names(["paper_table"]) == ["vanilla", "random", "best_of_k", "row_reverse", "col_reverse",
-                                             "evolution", "atp_row", "atp_col", "atp_joint"]
+    assert attack_names(["paper_table"]) == [
+        "vanilla",
+        "random",
+        "best_of_k",
+        "row_reverse",
+        "col_reverse",
+        "evolution",
+        "atp_row",
+        "atp_col",
+        "atp_joint",
+    ]
     assert attack_names(["paper", "all"]) == ["paper", *[a for a in PRESETS if a != "paper"]]
     with pytest.raises(ValueError, match="unknown attack.*nope.*or a group: paper_table, all"):
         attack_names(["vanilla", "nope"])

@@ -52,9 +52,24 @@ class _JudgeServer:
 def test_run_attack_judges_with_the_papers_prompt_and_records_it(tiny_checkpoint, tmp_path):
     out = tmp_path / "out"
     with _JudgeServer("Score: 8/10") as server:
-        command = [sys.executable, "experiments/run_attack.py", "--model", str(tiny_checkpoint), "--attacks",
-                   "vanilla", "--num_examples", "1", "--max_new_tokens", "4", "--metrics", "auto,judge",
-                   "--judge_url", server.url, "--output_dir", str(out)]
+        command = [
+            sys.executable,
+            "experiments/run_attack.py",
+            "--model",
+            str(tiny_checkpoint),
+            "--attacks",
+            "vanilla",
+            "--num_examples",
+            "1",
+            "--max_new_tokens",
+            "4",
+            "--metrics",
+            "auto,judge",
+            "--judge_url",
+            server.url,
+            "--output_dir",
+            str(out),
+        ]
         done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
 

@@ -10,8 +10,14 @@ from atp_jax.tables.table import Example, Table
 
 TABLE = Table(["Year", "Revenue"], [["2019", "1,200"], ["2020", "1,500"]])
 WTQ = Example("Which year had the higher revenue?", TABLE, ["2020"], "w", dataset="wtq")
-TATQA = Example("What was the revenue in 2020?", TABLE, ["1500"], "t", dataset="tatqa",
-                meta={"scale": "thousand", "answer_type": "span"})
+TATQA = Example(
+    "What was the revenue in 2020?",
+    TABLE,
+    ["1500"],
+    "t",
+    dataset="tatqa",
+    meta={"scale": "thousand", "answer_type": "span"},
+)
 
 
 def test_auto_uses_each_datasets_own_metric():

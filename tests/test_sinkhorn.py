@@ -123,7 +123,10 @@ def test_gradient_matches_finite_differences_of_reference():
     theta = np.asarray(0.7 * jax.random.normal(jax.random.PRNGKey(2), (5, 5)), np.float64)
     W = np.asarray(jax.random.normal(jax.random.PRNGKey(3), (5, 5)), np.float64)
     g = np.asarray(jax.grad(lambda t: jnp.sum(sinkhorn(t) * W) + entropy(sinkhorn(t)))(jnp.asarray(theta, jnp.float32)))
-    ref_f = lambda t: (_np_sinkhorn(t) * W).sum() + _np_entropy(_np_sinkhorn(t))
+
+    def ref_f(t):
+        return (_np_sinkhorn(t) * W).sum() + _np_entropy(_np_sinkhorn(t))
+
     eps = 1e-5
     fd = np.zeros_like(theta)
     for idx in np.ndindex(theta.shape):

@@ -152,9 +152,7 @@ def test_permute_matches_permutation_matrices(case):
     result = table.permute(row_perm, col_perm)
     assert [list(row) for row in result.cells] == expected
     assert result.header == tuple(table.header[j] for j in col_perm)  # Header pinned first.
-    assert sorted(map(tuple, result.rows)) == sorted(
-        tuple(row[j] for j in col_perm) for row in table.rows
-    )
+    assert sorted(map(tuple, result.rows)) == sorted(tuple(row[j] for j in col_perm) for row in table.rows)
 
 
 # ------------------------------------------------------------------ Example

@@ -49,8 +49,12 @@ class ATPConfig(AttackConfig):
     """
 
     method: ClassVar[str] = "atp"
-    choices: ClassVar[dict[str, tuple]] = {"init": INITS, "direction": DIRECTIONS, "hungarian": ("host", "device"),
-                                           "lambda_schedule": ("constant", "anneal")}
+    choices: ClassVar[dict[str, tuple]] = {
+        "init": INITS,
+        "direction": DIRECTIONS,
+        "hungarian": ("host", "device"),
+        "lambda_schedule": ("constant", "anneal"),
+    }
     positive: ClassVar[tuple[str, ...]] = ("n_attack", "restarts")
 
     n_attack: int = 20
@@ -75,11 +79,18 @@ def _settings(cfg: ATPConfig) -> dict:
     only in these (mode, λ, lr, init, straight-through, direction, temperature) share one compile."""
     f32 = functools.partial(jnp.asarray, dtype=jnp.float32)
     return {
-        "rows_on": f32(cfg.mode in ("row", "joint")), "cols_on": f32(cfg.mode in ("col", "joint")),
-        "lambda_row": f32(cfg.lambda_row), "lambda_col": f32(cfg.lambda_col),
-        "anneal": f32(cfg.lambda_schedule == "anneal"), "lr": f32(cfg.lr), "init": jnp.int32(_INITS[cfg.init]),
-        "init_scale": f32(cfg.init_scale), "init_noise": f32(cfg.init_noise), "temperature": f32(cfg.temperature),
-        "straight_through": f32(cfg.straight_through), "direction": jnp.int32(_DIRECTIONS[cfg.direction]),
+        "rows_on": f32(cfg.mode in ("row", "joint")),
+        "cols_on": f32(cfg.mode in ("col", "joint")),
+        "lambda_row": f32(cfg.lambda_row),
+        "lambda_col": f32(cfg.lambda_col),
+        "anneal": f32(cfg.lambda_schedule == "anneal"),
+        "lr": f32(cfg.lr),
+        "init": jnp.int32(_INITS[cfg.init]),
+        "init_scale": f32(cfg.init_scale),
+        "init_noise": f32(cfg.init_noise),
+        "temperature": f32(cfg.temperature),
+        "straight_through": f32(cfg.straight_through),
+        "direction": jnp.int32(_DIRECTIONS[cfg.direction]),
     }
 
 
@@ -119,13 +130,30 @@ def run_atp(model: Transformer, t: ProblemTensors, keys, cfg: ATPConfig):
     orders used at each step. One compile per table, step count, Sinkhorn sweeps, objective and
     Hungarian backend; every other setting is a value (see ``_settings``).
     """
-    return _run_atp(model, t, keys, _settings(cfg), n_attack=cfg.n_attack, sinkhorn_iters=cfg.sinkhorn_iters,
-                    objective=cfg.objective, hungarian=cfg.hungarian)
+    return _run_atp(
+        model,
+        t,
+        keys,
+        _settings(cfg),
+        n_attack=cfg.n_attack,
+        sinkhorn_iters=cfg.sinkhorn_iters,
+        objective=cfg.objective,
+        hungarian=cfg.hungarian,
+    )
 
 
 @functools.partial(jax.jit, static_argnames=("n_attack", "sinkhorn_iters", "objective", "hungarian"))
-def _run_atp(model: Transformer, t: ProblemTensors, keys, s: dict, *, n_attack: int, sinkhorn_iters: int,
-             objective: str, hungarian: str):
+def _run_atp(
+    model: Transformer,
+    t: ProblemTensors,
+    keys,
+    s: dict,
+    *,
+    n_attack: int,
+    sinkhorn_iters: int,
+    objective: str,
+    hungarian: str,
+):
     n, m = t.cell_embeds.shape[0] - 1, t.cell_embeds.shape[1]
     optimizer = optax.adam(s["lr"])
     relax = functools.partial(_relax, s=s, sinkhorn_iters=sinkhorn_iters, hungarian=hungarian)
@@ -177,8 +205,10 @@ def atp_attack(evaluator: Evaluator, cfg: ATPConfig, rng: np.random.Generator | 
     evaluator.backward_calls += R * steps
 
     finals = [(tuple(map(int, r)), tuple(map(int, c))) for r, c in zip(np.asarray(final_r), np.asarray(final_c))]
-    visited = [(tuple(map(int, r)), tuple(map(int, c))) for r, c in zip(trace["row_perm"].reshape(R * steps, -1),
-                                                                         trace["col_perm"].reshape(R * steps, -1))]
+    visited = [
+        (tuple(map(int, r)), tuple(map(int, c)))
+        for r, c in zip(trace["row_perm"].reshape(R * steps, -1), trace["col_perm"].reshape(R * steps, -1))
+    ]
     scored: dict[tuple, float] = {}
     if cfg.keep_best:
         if cfg.straight_through and evaluator.problem.layout.exact:
@@ -186,7 +216,9 @@ def atp_attack(evaluator: Evaluator, cfg: ATPConfig, rng: np.random.Generator | 
             scored = {order: float(loss) for order, loss in zip(visited, trace["loss"].reshape(-1))}
         else:  # soft forwards say nothing exact about the hard orders: score the distinct ones visited
             distinct = sorted(set(visited))
-            scored = dict(zip(distinct, map(float, evaluator.losses([o[0] for o in distinct], [o[1] for o in distinct]))))
+            scored = dict(
+                zip(distinct, map(float, evaluator.losses([o[0] for o in distinct], [o[1] for o in distinct])))
+            )
     unscored = sorted(set(finals) - set(scored))
     if unscored and (scored or len(unscored) > 1):  # a choice to make: score the restarts' final orders
         if evaluator.problem.layout.exact:

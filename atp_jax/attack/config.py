@@ -38,8 +38,10 @@ class AttackConfig:
         for cls in type(self).__mro__:
             for name, allowed in vars(cls).get("choices", {}).items():
                 if getattr(self, name) not in allowed:
-                    raise ValueError(f"{type(self).__name__}.{name}={getattr(self, name)!r}; "
-                                     f"choose one of {', '.join(map(str, allowed))}")
+                    raise ValueError(
+                        f"{type(self).__name__}.{name}={getattr(self, name)!r}; "
+                        f"choose one of {', '.join(map(str, allowed))}"
+                    )
             for name in vars(cls).get("positive", ()):
                 if getattr(self, name) < 1:
                     raise ValueError(f"{type(self).__name__}.{name}={getattr(self, name)!r}; it must be >= 1")

@@ -21,8 +21,14 @@ from collections.abc import Iterable
 
 from atp_jax.attack import registry
 from atp_jax.attack.atp import INITS, ATPConfig
-from atp_jax.attack.baselines import (BestOfKConfig, ColReverseConfig, EvolutionConfig, RandomConfig,
-                                      RowReverseConfig, VanillaConfig)
+from atp_jax.attack.baselines import (
+    BestOfKConfig,
+    ColReverseConfig,
+    EvolutionConfig,
+    RandomConfig,
+    RowReverseConfig,
+    VanillaConfig,
+)
 from atp_jax.attack.config import AttackConfig
 from atp_jax.attack.search import SearchConfig
 
@@ -35,8 +41,18 @@ def _engineered(**kw) -> ATPConfig:
     """Start near random hard orders, no entropy penalty, a large step, straight-through (the forward is
     the hard order's exact loss), keep the best order seen, 4 restarts x 5 steps in one vmapped run:
     20 forwards + 20 backwards, then a true-loss choice among restarts."""
-    return ATPConfig(n_attack=5, restarts=4, init="random_perm", init_scale=3.0, lambda_row=0.0,
-                     lambda_col=0.0, lr=1.0, straight_through=True, keep_best=True, **kw)
+    return ATPConfig(
+        n_attack=5,
+        restarts=4,
+        init="random_perm",
+        init_scale=3.0,
+        lambda_row=0.0,
+        lambda_col=0.0,
+        lr=1.0,
+        straight_through=True,
+        keep_best=True,
+        **kw,
+    )
 
 
 def _search(direction: str, **kw) -> SearchConfig:
@@ -78,11 +94,19 @@ PRESETS: dict[str, AttackConfig] = {
 # Names that stand for several attacks in ``--attacks``: the paper's table columns (Vanilla | Rand | Best 20 |
 # Row Rvs | Col Rvs | E-Search | ATP Row | ATP Col | ATP Row&Col), and everything.
 ATTACK_GROUPS: dict[str, tuple[str, ...]] = {
-    "paper_table": ("vanilla", "random", "best_of_k", "row_reverse", "col_reverse", "evolution", "atp_row", "atp_col",
-                    "atp_joint"),
+    "paper_table": (
+        "vanilla",
+        "random",
+        "best_of_k",
+        "row_reverse",
+        "col_reverse",
+        "evolution",
+        "atp_row",
+        "atp_col",
+        "atp_joint",
+    ),
     "all": tuple(PRESETS),
 }
-
 
 
 def register_preset(name: str, config: AttackConfig) -> None:
@@ -118,8 +142,9 @@ def _parse_overrides(name: str, config_type: type[AttackConfig], spec: str) -> d
     for item in spec.split(","):
         field, sep, text = item.partition("=")
         if not sep or field not in fields:
-            raise ValueError(f"{name!r}: {item!r} is not field=value with a field of {config_type.__name__} "
-                             f"({', '.join(fields)})")
+            raise ValueError(
+                f"{name!r}: {item!r} is not field=value with a field of {config_type.__name__} ({', '.join(fields)})"
+            )
         kind = fields[field]
         try:
             if kind == "bool":
@@ -160,11 +185,14 @@ def spec_name(base: str, config: AttackConfig) -> str:
     """The canonical spec of ``config`` written from preset ``base``: the fields that differ, sorted."""
     reference = PRESETS[base]
     if type(config) is not type(reference):
-        raise ValueError(f"a {type(config).__name__} cannot be written from preset {base!r} "
-                         f"({type(reference).__name__})")
-    changed = [f"{f.name}={format_value(getattr(config, f.name))}" for f in sorted(dataclasses.fields(config),
-                                                                                     key=lambda f: f.name)
-               if f.name != _NOT_IN_NAMES and getattr(config, f.name) != getattr(reference, f.name)]
+        raise ValueError(
+            f"a {type(config).__name__} cannot be written from preset {base!r} ({type(reference).__name__})"
+        )
+    changed = [
+        f"{f.name}={format_value(getattr(config, f.name))}"
+        for f in sorted(dataclasses.fields(config), key=lambda f: f.name)
+        if f.name != _NOT_IN_NAMES and getattr(config, f.name) != getattr(reference, f.name)
+    ]
     return f"{base}@{','.join(changed)}" if changed else base
 
 
@@ -186,9 +214,11 @@ def attack_names(names: Iterable[str]) -> list[str]:
             # An override's own message says what is wrong with it; an unknown base is listed by name.
             problems.append(str(e) if name.partition("@")[0] in PRESETS else name)
     if problems:
-        raise ValueError(f"unknown attack(s) {'; '.join(problems)}; known: {', '.join(PRESETS)}, "
-                         f"or a group: {', '.join(ATTACK_GROUPS)}; a preset takes field overrides as "
-                         "NAME@field=value,field=value (e.g. atp_st@init=uniform)")
+        raise ValueError(
+            f"unknown attack(s) {'; '.join(problems)}; known: {', '.join(PRESETS)}, "
+            f"or a group: {', '.join(ATTACK_GROUPS)}; a preset takes field overrides as "
+            "NAME@field=value,field=value (e.g. atp_st@init=uniform)"
+        )
     return list(dict.fromkeys(out))
 
 
@@ -231,8 +261,10 @@ def one_option_changes(base: str, **overrides) -> dict[str, AttackConfig]:
     variants = [change(init=init) for init in INITS if init != config.init]
     variants += [change(straight_through=not config.straight_through), change(keep_best=not config.keep_best)]
     if config.lambda_row == 0 and config.lambda_col == 0:
-        variants += [change(lambda_row=10.0, lambda_col=10.0, lambda_schedule="constant"),
-                     change(lambda_row=10.0, lambda_col=10.0, lambda_schedule="anneal")]
+        variants += [
+            change(lambda_row=10.0, lambda_col=10.0, lambda_schedule="constant"),
+            change(lambda_row=10.0, lambda_col=10.0, lambda_schedule="anneal"),
+        ]
     else:
         other = "constant" if config.lambda_schedule == "anneal" else "anneal"
         variants += [change(lambda_row=0.0, lambda_col=0.0), change(lambda_schedule=other)]

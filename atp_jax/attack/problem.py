@@ -93,14 +93,14 @@ def make_problem(
     if table.n_rows == 0 or table.n_cols == 0:
         raise AttackInputError(f"example {example.id!r}: the table has no data rows or no columns; nothing to reorder")
     if table.n_rows < 2 and table.n_cols < 2:
-        raise AttackInputError(
-            f"example {example.id!r}: a {table.n_rows}x{table.n_cols} table has no order to attack"
-        )
+        raise AttackInputError(f"example {example.id!r}: a {table.n_rows}x{table.n_cols} table has no order to attack")
     if objective == "kl":
         # Label-free (paper A.7): the target is the model's own clean greedy answer.
         (clean,) = generate_answers(loaded, example, [table], style)
         if not clean.strip():
-            raise AttackInputError(f"example {example.id!r}: the model's clean answer is empty; nothing to diverge from")
+            raise AttackInputError(
+                f"example {example.id!r}: the model's clean answer is empty; nothing to diverge from"
+            )
         example_for_layout = dataclasses.replace(example, answers=(clean,))
     else:
         if not example.answers or not any(a.strip() for a in example.answers):
@@ -141,8 +141,13 @@ def _prefix_cache(model: Transformer, prefix_ids, total_length: int):
     P = prefix_ids.shape[0]
     cache = KVCache.zeros(model.config, 1, total_length, model.dtype)
     causal = jnp.arange(total_length)[None, :] <= jnp.arange(P)[:, None]  # [P, T]
-    out = model(model.embed(prefix_ids[None]), jnp.arange(P)[None], causal[None], cache=cache,
-                logits_positions=jnp.zeros((1, 1), jnp.int32))
+    out = model(
+        model.embed(prefix_ids[None]),
+        jnp.arange(P)[None],
+        causal[None],
+        cache=cache,
+        logits_positions=jnp.zeros((1, 1), jnp.int32),
+    )
     return out.cache.k, out.cache.v
 
 
@@ -178,8 +183,12 @@ def answer_logits(model: Transformer, t: ProblemTensors, bodies):
     slots = jnp.arange(P + S)
     mask = (slots[None, :] < P) | (slots[None, :] - P <= jnp.arange(S)[:, None])  # [S, P + S]
     out = model(
-        bodies, jnp.broadcast_to(P + jnp.arange(S), (B, S)), jnp.broadcast_to(mask, (B, S, P + S)),
-        cache=cache, cache_index=P, logits_positions=jnp.broadcast_to(t.answer_positions, (B, t.answer_positions.shape[0])),
+        bodies,
+        jnp.broadcast_to(P + jnp.arange(S), (B, S)),
+        jnp.broadcast_to(mask, (B, S, P + S)),
+        cache=cache,
+        cache_index=P,
+        logits_positions=jnp.broadcast_to(t.answer_positions, (B, t.answer_positions.shape[0])),
     )
     return out.logits
 

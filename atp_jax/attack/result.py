@@ -70,13 +70,18 @@ class Evaluator:
         col_perms = np.asarray(col_perms, np.int32).reshape(-1, self.problem.n_cols)
         out = []
         for start in range(0, len(row_perms), _BATCH_BUCKETS[-1]):
-            rows, cols = row_perms[start:start + _BATCH_BUCKETS[-1]], col_perms[start:start + _BATCH_BUCKETS[-1]]
+            rows, cols = row_perms[start : start + _BATCH_BUCKETS[-1]], col_perms[start : start + _BATCH_BUCKETS[-1]]
             size = next(b for b in _BATCH_BUCKETS if b >= len(rows))
             pad = size - len(rows)
             rows = np.concatenate([rows, np.repeat(rows[:1], pad, 0)])
             cols = np.concatenate([cols, np.repeat(cols[:1], pad, 0)])
-            values = hard_losses(self.loaded.model, self.problem.tensors, jnp.asarray(rows), jnp.asarray(cols),
-                                 objective=self.problem.objective)
+            values = hard_losses(
+                self.loaded.model,
+                self.problem.tensors,
+                jnp.asarray(rows),
+                jnp.asarray(cols),
+                objective=self.problem.objective,
+            )
             out.append(np.asarray(values)[: size - pad])
             self.forward_calls += size - pad
         return np.concatenate(out)

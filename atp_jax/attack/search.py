@@ -113,14 +113,18 @@ def search_attack(evaluator: Evaluator, cfg: SearchConfig, rng: np.random.Genera
         if not ranked:
             if gradient_steps == cfg.n_attack:
                 break
-            value, g_r, g_c = order_gradients(evaluator.loaded.model, problem.tensors, jnp.asarray(rows),
-                                              jnp.asarray(cols), problem.objective)
+            value, g_r, g_c = order_gradients(
+                evaluator.loaded.model, problem.tensors, jnp.asarray(rows), jnp.asarray(cols), problem.objective
+            )
             evaluator.forward_calls += 1
             evaluator.backward_calls += 1
             gradient_steps += 1
             best_loss = float(value)
-            ranked = [mv for mv in _candidates(rows, cols, np.asarray(g_r), np.asarray(g_c), cfg, rng)
-                      if (tuple(mv[0]), tuple(mv[1])) not in seen]
+            ranked = [
+                mv
+                for mv in _candidates(rows, cols, np.asarray(g_r), np.asarray(g_c), cfg, rng)
+                if (tuple(mv[0]), tuple(mv[1])) not in seen
+            ]
             if not ranked:
                 break
         size = max(1, min(cfg.candidates, budget - evaluator.forward_calls))
@@ -141,8 +145,9 @@ def swap_rank_correlation(evaluator: Evaluator, row_perm=None, col_perm=None) ->
     problem = evaluator.problem
     rows = evaluator.identity[0] if row_perm is None else np.asarray(row_perm)
     cols = evaluator.identity[1] if col_perm is None else np.asarray(col_perm)
-    value, g_r, g_c = order_gradients(evaluator.loaded.model, problem.tensors, jnp.asarray(rows), jnp.asarray(cols),
-                                      problem.objective)
+    value, g_r, g_c = order_gradients(
+        evaluator.loaded.model, problem.tensors, jnp.asarray(rows), jnp.asarray(cols), problem.objective
+    )
     moves = _candidates(rows, cols, np.asarray(g_r), np.asarray(g_c), SearchConfig(), None)
     true = evaluator.losses([r for r, _, _ in moves], [c for _, c, _ in moves]) - float(value)
     predicted = np.array([s for _, _, s in moves])

@@ -89,9 +89,7 @@ def example_from_dict(record: Mapping[str, Any]) -> Example:
         raise ValueError(f"expected a JSON object, got {type(record).__name__}")
     missing = [key for key in _REQUIRED_KEYS if key not in record]
     if missing:
-        raise ValueError(
-            f"missing key {missing[0]!r} (required: {', '.join(_REQUIRED_KEYS)})"
-        )
+        raise ValueError(f"missing key {missing[0]!r} (required: {', '.join(_REQUIRED_KEYS)})")
     table = record["table"]
     if not isinstance(table, Mapping) or "header" not in table or "rows" not in table:
         raise ValueError("'table' must be an object with keys 'header' and 'rows'")
@@ -124,7 +122,7 @@ def _record_with_dataset(record: Any, dataset: str | None) -> Any:
     if recorded in (None, ""):
         if dataset is None:
             raise ValueError(
-                "no 'dataset' field, which selects the metric: add \"dataset\": \"wtq\"|\"tatqa\"|\"fetaqa\" "
+                'no \'dataset\' field, which selects the metric: add "dataset": "wtq"|"tatqa"|"fetaqa" '
                 "to each record, or pass the dataset explicitly (load_jsonl(path, dataset=...), "
                 "load_dataset(path, dataset=...))"
             )
@@ -166,16 +164,16 @@ def load_jsonl(path: str | os.PathLike[str], dataset: str | None = None) -> list
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as error:
-                raise ValueError(
-                    f"{path}:{line_number}: invalid JSON ({error.msg} at column {error.colno})"
-                ) from None
+                raise ValueError(f"{path}:{line_number}: invalid JSON ({error.msg} at column {error.colno})") from None
             try:
                 example = example_from_dict(_record_with_dataset(record, dataset))
             except (ValueError, TypeError) as error:
                 raise ValueError(f"{path}:{line_number}: {error}") from error
             if example.id in first_line:
-                raise ValueError(f"{path}:{line_number}: duplicate id {example.id!r} (first at line "
-                                 f"{first_line[example.id]}); give every record its own id: results are keyed by it")
+                raise ValueError(
+                    f"{path}:{line_number}: duplicate id {example.id!r} (first at line "
+                    f"{first_line[example.id]}); give every record its own id: results are keyed by it"
+                )
             first_line[example.id] = line_number
             examples.append(example)
     return examples
@@ -221,13 +219,14 @@ def load_dataset(
     name = str(name_or_path).lower()
     if name not in DATASET_NAMES:
         raise ValueError(
-            f"unknown dataset {name_or_path!r}: use one of {', '.join(DATASET_NAMES)} "
-            "or a path ending in .jsonl"
+            f"unknown dataset {name_or_path!r}: use one of {', '.join(DATASET_NAMES)} or a path ending in .jsonl"
         )
     own = "wtq" if name == "sample" else name
     if dataset is not None and dataset != own:
-        raise ValueError(f"load_dataset({name_or_path!r}, dataset={dataset!r}): the {name!r} data is "
-                         f"{own!r}; drop dataset= or pass a .jsonl path")
+        raise ValueError(
+            f"load_dataset({name_or_path!r}, dataset={dataset!r}): the {name!r} data is "
+            f"{own!r}; drop dataset= or pass a .jsonl path"
+        )
     if name == "sample":
         if split != "dev":
             raise ValueError(f"the bundled sample has only the 'dev' split, not {split!r}")
@@ -285,9 +284,7 @@ def _probe_hub(timeout: float) -> None:
         ) from None
 
 
-def _hub_record_to_example(
-    record: Mapping[str, Any], index: int, hub_id: str, dataset: str
-) -> Example:
+def _hub_record_to_example(record: Mapping[str, Any], index: int, hub_id: str, dataset: str) -> Example:
     """Map common hub table-QA schemas (WTQ-style ``table`` dict or FeTaQA ``table_array``)."""
     if "question" not in record:
         raise ValueError("no 'question' field")
@@ -359,8 +356,7 @@ def load_hf_dataset(
                 f"({type(error).__name__}: {error})"
             ) from None
         raise DatasetUnavailableError(
-            f"could not load {hub_id!r} split {split!r} from the hub: "
-            f"{type(error).__name__}: {error}"
+            f"could not load {hub_id!r} split {split!r} from the hub: {type(error).__name__}: {error}"
         ) from error
 
     convert = converter or (lambda rec, i: _hub_record_to_example(rec, i, hub_id, dataset))
@@ -377,6 +373,7 @@ def load_hf_dataset(
 
 
 # --------------------------------------------------------------------------- filters
+
 
 def filter_examples(
     examples: Iterable[Example],
@@ -415,9 +412,7 @@ def filter_examples(
             continue
         if max_cols is not None and table.n_cols > max_cols:
             continue
-        if max_cell_chars is not None and any(
-            len(cell) > max_cell_chars for row in table.cells for cell in row
-        ):
+        if max_cell_chars is not None and any(len(cell) > max_cell_chars for row in table.cells for cell in row):
             continue
         kept.append(example)
     return kept

@@ -93,8 +93,9 @@ def select_sample(lines: list[str], rule: SampleRule = SampleRule()) -> list[str
     return [lines[k] for k in sorted(chosen)]
 
 
-def make_sample(source: str | os.PathLike[str], out: str | os.PathLike[str] = _DEFAULT_OUT,
-                rule: SampleRule = SampleRule()) -> int:
+def make_sample(
+    source: str | os.PathLike[str], out: str | os.PathLike[str] = _DEFAULT_OUT, rule: SampleRule = SampleRule()
+) -> int:
     """Write the sample chosen from ``source`` (WTQ dev JSONL) to ``out``; return its size."""
     source = Path(source)
     if not source.is_file():
@@ -112,8 +113,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     data_dir = os.environ.get(DATA_ENV_VAR)
     default_source = Path(data_dir) / "wtq" / "dev.jsonl" if data_dir else None
-    parser.add_argument("--source", type=Path, default=default_source,
-                        help=f"WTQ dev JSONL (default: ${DATA_ENV_VAR}/wtq/dev.jsonl)")
+    parser.add_argument(
+        "--source", type=Path, default=default_source, help=f"WTQ dev JSONL (default: ${DATA_ENV_VAR}/wtq/dev.jsonl)"
+    )
     parser.add_argument("--out", type=Path, default=_DEFAULT_OUT, help="output JSONL path")
     args = parser.parse_args(argv)
     if args.source is None:

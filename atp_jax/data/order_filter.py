@@ -48,9 +48,7 @@ __all__ = [
 
 # --------------------------------------------------------------------------- the keyword rule
 
-ORDER_KEYWORDS = re.compile(
-    r"\b(first|last|top|next|previous|above|below|before|after)\b", re.IGNORECASE
-)
+ORDER_KEYWORDS = re.compile(r"\b(first|last|top|next|previous|above|below|before|after)\b", re.IGNORECASE)
 """The paper's order-keyword rule."""
 
 ORDER_EXCLUSIONS: tuple[tuple[re.Pattern[str], str], ...] = (
@@ -124,8 +122,10 @@ def _rules(**patterns: str) -> dict[str, re.Pattern[str]]:
 _POSITION = r"(?:first|last|top|bottom|next|previous|final|second|third|fourth|fifth)"
 _FEW_WORDS = r"(?:\s+[^\s?,;]+){0,4}?"  # up to four words between a position and its anchor
 _PRESENTED = r"(?:list|table|chart|roster|page)"  # nouns that name the table itself
-_NUMBER = (r"(?:[-−–+$£€]?\d|(?:one|two|three|four|five|six|seven|eight|nine|ten|twenty|fifty|hundred"
-           r"|first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth)\b)")
+_NUMBER = (
+    r"(?:[-−–+$£€]?\d|(?:one|two|three|four|five|six|seven|eight|nine|ten|twenty|fifty|hundred"
+    r"|first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth)\b)"
+)
 
 CONTENT_QUESTIONS: dict[str, re.Pattern[str]] = _rules(
     # "next oldest", "next highest elevation after X": the question ranks a value, so any
@@ -209,8 +209,10 @@ ORDER_HEADER = re.compile(
 )
 """Headers of columns that can carry a sequence: ranks, numbers, years, dates, rounds."""
 
-_MONTHS = {m: k for k, m in enumerate(
-    ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"], start=1)}
+_MONTHS = {
+    m: k
+    for k, m in enumerate(["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"], start=1)
+}
 _MONTH = r"(?P<month>jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*\.?"
 _DATE_FORMS = (
     re.compile(rf"\b{_MONTH}\s+(?P<day>\d{{1,2}})(?:st|nd|rd|th)?,?\s+(?P<year>\d{{4}})\b", re.IGNORECASE),
@@ -347,8 +349,11 @@ def _relative_verdict(table: Table, found: re.Match[str], yes_no: bool) -> Order
         column = next((j for j in _order_columns(table) if _order_key(table.rows[row][j]) is not None), None)
         if column is None:
             return OrderVerdict(True, "relative-unseparated", f"{phrase!r}: no order column has a value on row {row}")
-        return OrderVerdict(False, "relative-separated",
-                            f"{phrase!r}: column {table.header[column]!r} has a value on row {row} ({name!r})")
+        return OrderVerdict(
+            False,
+            "relative-separated",
+            f"{phrase!r}: column {table.header[column]!r} has a value on row {row} ({name!r})",
+        )
     backwards = not re.match(r"(?:after|following|next)", phrase, re.IGNORECASE)
     neighbour = _neighbour(table, row, backwards)
     if neighbour is None:  # X is the first (last) row: the question reads the table the other way
@@ -357,10 +362,14 @@ def _relative_verdict(table: Table, found: re.Match[str], yes_no: bool) -> Order
         return None
     column = _separating_column(table, row, neighbour)
     if column is None:
-        return OrderVerdict(True, "relative-unseparated",
-                            f"{phrase!r}: no order column tells row {row} ({name!r}) from row {neighbour}")
-    return OrderVerdict(False, "relative-separated",
-                        f"{phrase!r}: column {table.header[column]!r} orders row {row} ({name!r}) and row {neighbour}")
+        return OrderVerdict(
+            True, "relative-unseparated", f"{phrase!r}: no order column tells row {row} ({name!r}) from row {neighbour}"
+        )
+    return OrderVerdict(
+        False,
+        "relative-separated",
+        f"{phrase!r}: column {table.header[column]!r} orders row {row} ({name!r}) and row {neighbour}",
+    )
 
 
 def order_verdict(example: Example) -> OrderVerdict:

@@ -52,8 +52,10 @@ class Agreement:
         return self.correct / self.total if self.total else float("nan")
 
     def __str__(self) -> str:
-        return (f"{self.correct}/{self.total} = {self.accuracy:.1%} (TP {self.true_positive}, "
-                f"FN {self.false_negative}, FP {self.false_positive}, TN {self.true_negative})")
+        return (
+            f"{self.correct}/{self.total} = {self.accuracy:.1%} (TP {self.true_positive}, "
+            f"FN {self.false_negative}, FP {self.false_positive}, TN {self.true_negative})"
+        )
 
 
 def load_order_labels() -> list[dict]:
@@ -67,8 +69,9 @@ def load_order_labels() -> list[dict]:
     return labels
 
 
-def agreement(labels: Sequence[Mapping], examples: Mapping[str, Example],
-              classify: Callable[[Example], bool] = is_order_dependent) -> Agreement:
+def agreement(
+    labels: Sequence[Mapping], examples: Mapping[str, Example], classify: Callable[[Example], bool] = is_order_dependent
+) -> Agreement:
     """Count how ``classify`` agrees with ``labels`` on the examples they name (``examples`` by id).
 
     Raises:
@@ -77,8 +80,10 @@ def agreement(labels: Sequence[Mapping], examples: Mapping[str, Example],
     counts = {(truth, guess): 0 for truth in (True, False) for guess in (True, False)}
     for label in labels:
         if label["id"] not in examples:
-            raise ValueError(f"labelled question {label['id']!r} is not in the examples given; "
-                             "the labels are for the WTQ dev split (wtq/dev.jsonl)")
+            raise ValueError(
+                f"labelled question {label['id']!r} is not in the examples given; "
+                "the labels are for the WTQ dev split (wtq/dev.jsonl)"
+            )
         counts[(bool(label["order_dependent"]), classify(examples[label["id"]]))] += 1
     return Agreement(counts[(True, True)], counts[(True, False)], counts[(False, True)], counts[(False, False)])
 
@@ -95,23 +100,33 @@ def order_report(data_dir: str | os.PathLike[str]) -> str:
     labels = load_order_labels()
     by_id = {example.id: example for example in wtq}
     dependent = sum(label["order_dependent"] for label in labels)
-    lines = [f"hand labels: {len(labels)} keyword-flagged WTQ dev questions, {dependent} order-dependent",
-             f"  rules written on even positions: {agreement(labels[0::2], by_id)}",
-             f"  held-out odd positions:          {agreement(labels[1::2], by_id)}",
-             f"  all:                             {agreement(labels, by_id)}",
-             "dropped (whole dev split):"]
+    lines = [
+        f"hand labels: {len(labels)} keyword-flagged WTQ dev questions, {dependent} order-dependent",
+        f"  rules written on even positions: {agreement(labels[0::2], by_id)}",
+        f"  held-out odd positions:          {agreement(labels[1::2], by_id)}",
+        f"  all:                             {agreement(labels, by_id)}",
+        "dropped (whole dev split):",
+    ]
     for name in ("wtq", "tatqa", "fetaqa"):
         examples = wtq if name == "wtq" else load_dataset(name, "dev", data_dir)
-        fractions = ", ".join(f"{rule} {n}/{len(examples)} = {n / len(examples):.1%}"
-                              for rule in ORDER_FILTERS for n in [dropped(examples, rule)])
+        fractions = ", ".join(
+            f"{rule} {n}/{len(examples)} = {n / len(examples):.1%}"
+            for rule in ORDER_FILTERS
+            for n in [dropped(examples, rule)]
+        )
         lines.append(f"  {name}: {fractions}")
     return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("data_dir", nargs="?", type=Path, default=os.environ.get(DATA_ENV_VAR),
-                        help=f"folder with wtq/, tatqa/, fetaqa/ dev.jsonl (default: ${DATA_ENV_VAR})")
+    parser.add_argument(
+        "data_dir",
+        nargs="?",
+        type=Path,
+        default=os.environ.get(DATA_ENV_VAR),
+        help=f"folder with wtq/, tatqa/, fetaqa/ dev.jsonl (default: ${DATA_ENV_VAR})",
+    )
     args = parser.parse_args(argv)
     if args.data_dir is None:
         parser.error(f"pass DATA_DIR or set {DATA_ENV_VAR}")

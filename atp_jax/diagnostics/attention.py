@@ -78,11 +78,14 @@ def token_map(layout: Layout, row_perm=None, col_perm=None) -> TokenMap:
 
     kind = per_token(np.where(is_slot, CELL, TEMPLATE), PREFIX)
     if layout.answer_length:
-        kind[-layout.answer_length:] = ANSWER
+        kind[-layout.answer_length :] = ANSWER
     return TokenMap(
-        kind=kind, row=per_token(sem_row, -1), col=per_token(sem_col, -1),
+        kind=kind,
+        row=per_token(sem_row, -1),
+        col=per_token(sem_col, -1),
         slot_row=per_token(np.where(is_slot, layout.item_row, -1), -1),
-        slot_col=per_token(np.where(is_slot, layout.item_col, -1), -1), shape=(layout.n_rows + 1, layout.n_cols),
+        slot_col=per_token(np.where(is_slot, layout.item_col, -1), -1),
+        shape=(layout.n_rows + 1, layout.n_cols),
     )
 
 
@@ -171,8 +174,13 @@ def evidence_cells(example: Example) -> list[tuple[int, int]]:
 def _head_mean_attentions(model: Transformer, ids):
     """Head-averaged attention probabilities ``[L, S, S]`` of one sequence ``ids`` ``[S]``."""
     S = ids.shape[0]
-    out = model(model.embed(ids[None]), jnp.arange(S)[None], jnp.ones((1, S), bool),
-                logits_positions=jnp.zeros((1, 1), jnp.int32), return_attentions=True)
+    out = model(
+        model.embed(ids[None]),
+        jnp.arange(S)[None],
+        jnp.ones((1, S), bool),
+        logits_positions=jnp.zeros((1, 1), jnp.int32),
+        return_attentions=True,
+    )
     return out.attentions[:, 0].mean(axis=1)
 
 
@@ -198,7 +206,11 @@ class Diagnosis:
 
 
 def diagnose(
-    loaded: LoadedModel, example: Example, row_perm=None, col_perm=None, style: PromptStyle = PromptStyle(),
+    loaded: LoadedModel,
+    example: Example,
+    row_perm=None,
+    col_perm=None,
+    style: PromptStyle = PromptStyle(),
     layout: Layout | None = None,
 ) -> Diagnosis:
     """Runs the model on ``example`` with its table in the given order and measures its attention.
@@ -228,6 +240,11 @@ def diagnose(
     probs = np.asarray(_head_mean_attentions(loaded.model, jnp.asarray(ids)))
     boundary, within = boundary_attention(probs, tokens)
     return Diagnosis(
-        example_id=example.id, row_perm=rp, col_perm=cp, attention=cell_attention(probs, tokens),
-        row_boundary=boundary, within_row=within, evidence=tuple(evidence_cells(example)),
+        example_id=example.id,
+        row_perm=rp,
+        col_perm=cp,
+        attention=cell_attention(probs, tokens),
+        row_boundary=boundary,
+        within_row=within,
+        evidence=tuple(evidence_cells(example)),
     )

@@ -25,11 +25,16 @@ _LABELS = {
 def diagnosis_json(d: Diagnosis) -> dict:
     """A diagnosis as plain JSON (per-layer lists; ``cells`` ``[L][n+1][m]``)."""
     return {
-        "id": d.example_id, "row_perm": list(d.row_perm), "col_perm": list(d.col_perm),
+        "id": d.example_id,
+        "row_perm": list(d.row_perm),
+        "col_perm": list(d.col_perm),
         "evidence_cells": [list(c) for c in d.evidence],
-        "cells": d.attention.cells.tolist(), "prefix": d.attention.prefix.tolist(),
-        "template": d.attention.template.tolist(), "answer": d.attention.answer.tolist(),
-        "evidence": d.evidence_attention.tolist(), "row_boundary": d.row_boundary.tolist(),
+        "cells": d.attention.cells.tolist(),
+        "prefix": d.attention.prefix.tolist(),
+        "template": d.attention.template.tolist(),
+        "answer": d.attention.answer.tolist(),
+        "evidence": d.evidence_attention.tolist(),
+        "row_boundary": d.row_boundary.tolist(),
         "within_row": d.within_row.tolist(),
     }
 
@@ -65,8 +70,11 @@ def summarize_pairs(pairs: Sequence[dict]) -> dict:
     losses = [(p["clean_loss"], p["permuted_loss"]) for p in pairs if "clean_loss" in p]
     if losses:
         clean_loss, permuted_loss = np.asarray(losses).T
-        out["answer_loss"] = {"clean": float(clean_loss.mean()), "permuted": float(permuted_loss.mean()),
-                              "higher_when_permuted": int((permuted_loss > clean_loss).sum())}
+        out["answer_loss"] = {
+            "clean": float(clean_loss.mean()),
+            "permuted": float(permuted_loss.mean()),
+            "higher_when_permuted": int((permuted_loss > clean_loss).sum()),
+        }
     return out
 
 
@@ -83,13 +91,17 @@ def summary_markdown(summary: dict) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for measure, m in summary["measures"].items():
-        lines.append(f"| {_LABELS[measure]} | {m['examples']} | {fmt(m['clean_middle'])} | {fmt(m['permuted_middle'])}"
-                     f" | {m['lower_when_permuted_middle']}/{m['examples']} | {fmt(m['clean_all_layers'])}"
-                     f" | {fmt(m['permuted_all_layers'])} |")
+        lines.append(
+            f"| {_LABELS[measure]} | {m['examples']} | {fmt(m['clean_middle'])} | {fmt(m['permuted_middle'])}"
+            f" | {m['lower_when_permuted_middle']}/{m['examples']} | {fmt(m['clean_all_layers'])}"
+            f" | {fmt(m['permuted_all_layers'])} |"
+        )
     if "answer_loss" in summary:
         a = summary["answer_loss"]
-        lines.append(f"\nReference-answer CE: clean {a['clean']:.3f}, permuted {a['permuted']:.3f} "
-                     f"(higher when permuted on {a['higher_when_permuted']}/{summary['examples']}).")
+        lines.append(
+            f"\nReference-answer CE: clean {a['clean']:.3f}, permuted {a['permuted']:.3f} "
+            f"(higher when permuted on {a['higher_when_permuted']}/{summary['examples']})."
+        )
     return "\n".join(lines) + "\n"
 
 

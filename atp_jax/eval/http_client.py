@@ -23,6 +23,7 @@ meant for a model server on the local network, where neither matters.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import socket
@@ -127,10 +128,8 @@ class _Watchdog:
 
     def _shutdown(self) -> None:
         if self._socket is not None:
-            try:
+            with contextlib.suppress(OSError):  # already closed by the peer
                 self._socket.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass  # already closed by the peer
 
     def finish(self) -> None:
         self._timer.cancel()
@@ -140,8 +139,9 @@ class _Watchdog:
                 self._socket.close()
 
 
-def _attempt(url: urllib.parse.SplitResult, body: bytes, headers: Mapping[str, str],
-             seconds: float) -> tuple[int, bytes, http.client.HTTPMessage]:
+def _attempt(
+    url: urllib.parse.SplitResult, body: bytes, headers: Mapping[str, str], seconds: float
+) -> tuple[int, bytes, http.client.HTTPMessage]:
     """One request, abandoned after ``seconds``; raises ``_AttemptFailed`` without a complete response."""
     connection_class = http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
     # The socket timeout bounds each single operation (connect included); the watchdog bounds their sum.
@@ -169,8 +169,9 @@ def _attempt(url: urllib.parse.SplitResult, body: bytes, headers: Mapping[str, s
     except http.client.IncompleteRead as error:
         if watchdog.fired:
             raise _AttemptFailed(f"timeout: no complete response within {seconds:.3g} s") from None
-        raise _AttemptFailed(f"incomplete_read: the body ended after {len(error.partial)} bytes, "
-                             f"{error.expected} short") from None
+        raise _AttemptFailed(
+            f"incomplete_read: the body ended after {len(error.partial)} bytes, {error.expected} short"
+        ) from None
     except (OSError, http.client.HTTPException) as error:
         if watchdog.fired or isinstance(error, TimeoutError):
             raise _AttemptFailed(f"timeout: no complete response within {seconds:.3g} s") from None
@@ -195,8 +196,9 @@ def _http_failure(status: int, data: bytes) -> str:
     return f"http_{status}: {detail}" if detail else f"http_{status}"
 
 
-def post_json(url: str, payload: object, *, headers: Mapping[str, str] | None = None,
-              policy: RequestPolicy = RequestPolicy()) -> HttpResult:
+def post_json(
+    url: str, payload: object, *, headers: Mapping[str, str] | None = None, policy: RequestPolicy = RequestPolicy()
+) -> HttpResult:
     """POSTs ``payload`` as JSON to ``url`` under ``policy``; never raises for network or server failures.
 
     Raises ``ValueError`` only for a ``url`` that is not ``http(s)://host[:port]/...`` (a caller's mistake).
@@ -234,15 +236,22 @@ def post_json(url: str, payload: object, *, headers: Mapping[str, str] | None = 
                 retry_after = _retry_after_seconds(response_headers)
         left = deadline_at - time.monotonic()
         if left <= 0:
-            return result(status, b"", f"deadline_exceeded: {policy.deadline:.3g} s passed during attempt "
-                          f"{attempts}, which met {failure}", attempts)
+            return result(
+                status,
+                b"",
+                f"deadline_exceeded: {policy.deadline:.3g} s passed during attempt {attempts}, which met {failure}",
+                attempts,
+            )
         if attempts > policy.max_retries:
-            return result(status, b"", f"{failure} (gave up after {attempts} attempt{'s' * (attempts > 1)})",
-                          attempts)
-        wait = retry_after if retry_after is not None else min(policy.max_backoff,
-                                                               policy.backoff * 2 ** (attempts - 1))
+            return result(status, b"", f"{failure} (gave up after {attempts} attempt{'s' * (attempts > 1)})", attempts)
+        wait = retry_after if retry_after is not None else min(policy.max_backoff, policy.backoff * 2 ** (attempts - 1))
         if wait >= left:
             source = "the server's Retry-After" if retry_after is not None else "the backoff"
-            return result(status, b"", f"deadline_exceeded: {source} of {wait:.3g} s would pass the deadline, "
-                          f"{left:.3g} s away, after attempt {attempts}, which met {failure}", attempts)
+            return result(
+                status,
+                b"",
+                f"deadline_exceeded: {source} of {wait:.3g} s would pass the deadline, "
+                f"{left:.3g} s away, after attempt {attempts}, which met {failure}",
+                attempts,
+            )
         time.sleep(wait)

@@ -64,12 +64,15 @@ class JudgePrompt:
         try:
             fields = [f for _, f, _, _ in string.Formatter().parse(self.template) if f is not None]
         except ValueError as error:
-            raise ValueError(f"judge prompt {self.name!r}: the template is not a str.format template ({error}); "
-                             "double the braces that are meant literally") from None
+            raise ValueError(
+                f"judge prompt {self.name!r}: the template is not a str.format template ({error}); "
+                "double the braces that are meant literally"
+            ) from None
         if sorted(set(fields)) != sorted(_PLACEHOLDERS):
             needed = ", ".join("{" + name + "}" for name in _PLACEHOLDERS)
-            raise ValueError(f"judge prompt {self.name!r} has the placeholders {sorted(set(fields))}; it needs "
-                             f"exactly {needed}")
+            raise ValueError(
+                f"judge prompt {self.name!r} has the placeholders {sorted(set(fields))}; it needs exactly {needed}"
+            )
 
     @property
     def sha256(self) -> str:
@@ -86,14 +89,17 @@ class JudgePrompt:
 
 # The paper's appendix A.1, verbatim: its grammar, "Question: {question}." punctuation and the trailing space
 # of the last line included. The paper also fixes seed 0 and temperature 0, and does not show the table.
-PAPER_JUDGE_PROMPT = JudgePrompt("paper_a1", (
-    "You are a text analyzer to analyze to what extent the assistant answer is aligned with the reference answer."
-    "\n\n"
-    "Question: {question}. Reference answer: {reference_answer}. Assistant answer: {assistant_answer}."
-    "\n\n"
-    "Please provide a score ranging from 0 to 1, where 1 represents perfect alignment and 0 represents no "
-    "alignment at all. The final answer should contain the score only. "
-))
+PAPER_JUDGE_PROMPT = JudgePrompt(
+    "paper_a1",
+    (
+        "You are a text analyzer to analyze to what extent the assistant answer is aligned with the reference answer."
+        "\n\n"
+        "Question: {question}. Reference answer: {reference_answer}. Assistant answer: {assistant_answer}."
+        "\n\n"
+        "Please provide a score ranging from 0 to 1, where 1 represents perfect alignment and 0 represents no "
+        "alignment at all. The final answer should contain the score only. "
+    ),
+)
 
 _REFERENCE_SEPARATOR = " | "
 
@@ -148,8 +154,9 @@ class Judge(Protocol):
     def judge(self, items: Sequence[JudgeItem]) -> list[JudgeScore]: ...
 
 
-def build_judge_prompt(question: str, reference: str | Sequence[str], answer: str,
-                       prompt: JudgePrompt = PAPER_JUDGE_PROMPT) -> str:
+def build_judge_prompt(
+    question: str, reference: str | Sequence[str], answer: str, prompt: JudgePrompt = PAPER_JUDGE_PROMPT
+) -> str:
     """Fill ``prompt``; a list of reference answers is joined with " | "."""
     if not isinstance(reference, str):
         reference = _REFERENCE_SEPARATOR.join(reference)
@@ -163,8 +170,11 @@ _REASONING_BLOCK = re.compile(rf"<({_REASONING_TAG})>.*?</\1>", re.DOTALL | re.I
 _REASONING_OPEN = re.compile(rf"<{_REASONING_TAG}>", re.IGNORECASE)
 _REASONING_CLOSE = re.compile(rf"</{_REASONING_TAG}>", re.IGNORECASE)
 # "0 to 1", "0-1", "between 0 and 1", "0.0 – 1.0": the scale, not a score.
-_SCALE = re.compile(r"(?:\b(?:from|between|of|in)\s+)?(?<![\w.])0(?:\.0+)?\s*(?:-|–|—|\bto\b|\band\b)\s*"
-                    r"1(?:\.0+)?(?![.,]?\d)", re.IGNORECASE)
+_SCALE = re.compile(
+    r"(?:\b(?:from|between|of|in)\s+)?(?<![\w.])0(?:\.0+)?\s*(?:-|–|—|\bto\b|\band\b)\s*"
+    r"1(?:\.0+)?(?![.,]?\d)",
+    re.IGNORECASE,
+)
 _NUMBER = r"\d+(?:[.,]\d+)?|\.\d+"  # a decimal comma reads as a decimal point
 _SCORE = re.compile(
     rf"(?<![\w./%-])(?P<sign>[-−])?(?P<value>{_NUMBER})"
@@ -172,8 +182,9 @@ _SCORE = re.compile(
     re.IGNORECASE,
 )
 # A label right before a number makes it the stated score: "Score: 0.7", "**Rating:** 8/10", "score is .5".
-_LABEL_BEFORE = re.compile(r"\b(?:score|rating|grade)\b(?:\s*(?:is|of|would be|=))?[\s:=*_`'\"#>()\[\]]*$",
-                           re.IGNORECASE)
+_LABEL_BEFORE = re.compile(
+    r"\b(?:score|rating|grade)\b(?:\s*(?:is|of|would be|=))?[\s:=*_`'\"#>()\[\]]*$", re.IGNORECASE
+)
 
 
 def _value(match: re.Match) -> float | None:
@@ -192,7 +203,7 @@ def _is_stated(text: str, match: re.Match) -> bool:
     """A number is a stated score when a label precedes it or it stands alone on its line."""
     line_start = text.rfind("\n", 0, match.start()) + 1
     line_end = text.find("\n", match.end())
-    before, after = text[line_start:match.start()], text[match.end():len(text) if line_end < 0 else line_end]
+    before, after = text[line_start : match.start()], text[match.end() : len(text) if line_end < 0 else line_end]
     alone = not re.search(r"\w", before) and not re.search(r"\w", after)
     return alone or _LABEL_BEFORE.search(before) is not None
 
@@ -209,7 +220,7 @@ def parse_judge_score(reply: str) -> JudgeScore:
     text = _REASONING_BLOCK.sub(" ", reply)
     closes = list(_REASONING_CLOSE.finditer(text))
     if closes:  # the opening tag was part of the prompt (a reasoning model's chat template)
-        text = text[closes[-1].end():]
+        text = text[closes[-1].end() :]
     if _REASONING_OPEN.search(text):
         return JudgeScore(score=None, raw=reply, error="unfinished_reasoning")
     if not text.strip():
@@ -344,18 +355,21 @@ class OpenAICompatibleJudge:
     def check(self, timeout: float = 10.0) -> None:
         """Sends one trivial item, without retries; raises ``ConnectionError`` naming the URL if the judge
         cannot answer (unreachable, refused, HTTP error). Run it before long work, not after."""
-        probe_policy = replace(self.policy, max_retries=0, attempt_timeout=None,
-                               deadline=min(self.policy.deadline, timeout))
+        probe_policy = replace(
+            self.policy, max_retries=0, attempt_timeout=None, deadline=min(self.policy.deadline, timeout)
+        )
         probe = replace(self, policy=probe_policy)
         verdict = probe._judge_prompt(build_judge_prompt("What is 2 + 2?", "4", "4", self.prompt))
         if verdict.error is not None and verdict.error not in REPLY_FAILURES:
-            raise ConnectionError(f"judge at {self.endpoint} (model {self.model!r}) did not answer: {verdict.error}; "
-                                  "check --judge_url and that the server is up, or drop the judge metric")
+            raise ConnectionError(
+                f"judge at {self.endpoint} (model {self.model!r}) did not answer: {verdict.error}; "
+                "check --judge_url and that the server is up, or drop the judge metric"
+            )
 
     def _judge_prompt(self, prompt: str) -> JudgeScore:
         try:
             return self._request(prompt)
-        except Exception as error:  # noqa: BLE001 — one item's failure, whatever it is, must not end the batch
+        except Exception as error:
             return JudgeScore(score=None, raw="", error=f"request_failed: {type(error).__name__}: {error}")
 
     def _request(self, prompt: str) -> JudgeScore:

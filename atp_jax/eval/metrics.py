@@ -105,6 +105,7 @@ __all__ = [
 
 # ---------------------------------------------------------------------------- WTQ
 
+
 @dataclass(frozen=True, eq=False)
 class StringValue:
     """A string answer; equal to another string value with the same normalised text."""
@@ -267,15 +268,16 @@ def to_value(original: str | Value, canonical: str | None = None) -> Value:
         if month == day == -1:
             return NumberValue(year, normalize_wtq(original) if original else str(year))
         # The official name of an unnamed date writes an unknown day as -1, not xx (it compares it to '-1').
-        name = normalize_wtq(original) if original else "{}-{}-{}".format(
-            year if year != -1 else "xx", month if month != -1 else "xx", day)
+        name = (
+            normalize_wtq(original)
+            if original
+            else "{}-{}-{}".format(year if year != -1 else "xx", month if month != -1 else "xx", day)
+        )
         return DateValue(year, month, day, name)
     return StringValue(normalize_wtq(original))
 
 
-def to_value_list(
-    originals: Sequence[str], canonicals: Sequence[str | None] | None = None
-) -> list[Value]:
+def to_value_list(originals: Sequence[str], canonicals: Sequence[str | None] | None = None) -> list[Value]:
     """Convert answer strings (with their canonical values, if any) to values and drop duplicates."""
     if isinstance(originals, str):
         raise TypeError("to_value_list expects a list of strings, not a single string")
@@ -343,8 +345,13 @@ _TATQA_PERCENT = re.compile(r"[\d.\s]+%")
 _TATQA_ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)
 _PUNCTUATION = set(string.punctuation)
 # The official scale_to_num: the first of these found as a substring wins ("thousands" is a thousand).
-_TATQA_SCALE_WORDS = (("hundred", 100), ("thousand", 1000), ("million", 1_000_000), ("billion", 1_000_000_000),
-                      ("percent", 0.01))
+_TATQA_SCALE_WORDS = (
+    ("hundred", 100),
+    ("thousand", 1000),
+    ("million", 1_000_000),
+    ("billion", 1_000_000_000),
+    ("percent", 0.01),
+)
 
 
 def _tatqa_scale_factor(scale: str) -> int | float:
@@ -564,9 +571,7 @@ def score(
                 "TAT-QA scoring needs the gold scale: pass meta=example.meta, or "
                 "meta={'scale': '', 'answer_type': ...} for data without one"
             )
-        em, f1 = tatqa_em_f1(
-            prediction, answers, scale=meta["scale"], answer_type=meta.get("answer_type", "")
-        )
+        em, f1 = tatqa_em_f1(prediction, answers, scale=meta["scale"], answer_type=meta.get("answer_type", ""))
         return {"em": em, "f1": f1}
     if name == "fetaqa":
         return {"rougeL_recall": rouge_l_recall(prediction, answers)}

@@ -32,8 +32,9 @@ class Scorer:
         if unknown or not self.metrics:
             raise ValueError(f"metrics {', '.join(unknown) or '(none)'}: choose from {', '.join(METRICS)}")
         if ("judge" in self.metrics) != (self.judge is not None):
-            raise ValueError("the 'judge' metric needs a judge (a judge model or URL), and a judge needs the "
-                             "'judge' metric")
+            raise ValueError(
+                "the 'judge' metric needs a judge (a judge model or URL), and a judge needs the 'judge' metric"
+            )
 
     def __call__(self, example: Example, predictions: Sequence[str]) -> list[dict]:
         """One ``{metric: value}`` per prediction; the judge sees all of them in one batch."""
@@ -53,12 +54,12 @@ class Scorer:
             if metric == "auto":
                 scores.update(score(example.dataset or "wtq", prediction, example.answers, example.meta))
             elif metric == "denotation":
-                scores["accuracy"] = wtq_accuracy(prediction, example.answers,
-                                                  (example.meta or {}).get("target_canon"))
+                scores["accuracy"] = wtq_accuracy(prediction, example.answers, (example.meta or {}).get("target_canon"))
             elif metric == "em_f1":
                 meta = example.meta or {}
-                em, f1 = tatqa_em_f1(prediction, example.answers, scale=meta.get("scale", ""),
-                                     answer_type=meta.get("answer_type", ""))
+                em, f1 = tatqa_em_f1(
+                    prediction, example.answers, scale=meta.get("scale", ""), answer_type=meta.get("answer_type", "")
+                )
                 scores.update(em=em, f1=f1)
             elif metric == "rouge":
                 scores["rougeL_recall"] = rouge_l_recall(prediction, example.answers)

@@ -20,6 +20,7 @@ def padded_length(length: int) -> int:
     """``length`` rounded up to the next multiple of ``LENGTH_BUCKET``."""
     return -(-length // LENGTH_BUCKET) * LENGTH_BUCKET
 
+
 if TYPE_CHECKING:
     from atp_jax.models.loading import LoadedModel
 
@@ -46,7 +47,11 @@ def greedy_decode(model: Transformer, token_ids, padding_mask, stop_ids, pad_id,
     positions = default_positions(padding_mask)
     prefill_mask = slot_valid[:, None, :] & (slots[None, None, :] <= jnp.arange(S0)[None, :, None])
     out = model(
-        model.embed(token_ids), positions, prefill_mask, cache=cache, cache_index=0,
+        model.embed(token_ids),
+        positions,
+        prefill_mask,
+        cache=cache,
+        cache_index=0,
         logits_positions=jnp.full((B, 1), S0 - 1),
     )
     first = jnp.argmax(out.logits[:, -1], axis=-1).astype(jnp.int32)
@@ -71,9 +76,7 @@ def greedy_decode(model: Transformer, token_ids, padding_mask, stop_ids, pad_id,
     return jax.lax.while_loop(cond, step, state)[1]
 
 
-def generate_ids(
-    loaded: LoadedModel, prompts: Sequence[Sequence[int]], max_new_tokens: int = 64
-) -> list[list[int]]:
+def generate_ids(loaded: LoadedModel, prompts: Sequence[Sequence[int]], max_new_tokens: int = 64) -> list[list[int]]:
     """Greedy continuations of token-id prompts, each cut after its first stop token (excluded)."""
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("generate_ids needs at least one prompt and no empty prompt")
@@ -82,13 +85,11 @@ def generate_ids(
     ids = np.zeros((len(prompts), S0), np.int32)
     mask = np.zeros((len(prompts), S0), bool)
     for b, prompt in enumerate(prompts):
-        ids[b, S0 - len(prompt):] = prompt
-        mask[b, S0 - len(prompt):] = True
+        ids[b, S0 - len(prompt) :] = prompt
+        mask[b, S0 - len(prompt) :] = True
     stop_ids = loaded.stop_token_ids
     pad_id = stop_ids[0] if stop_ids else 0
-    out = np.asarray(
-        greedy_decode(loaded.model, ids, mask, np.asarray(stop_ids, np.int32), pad_id, max_new_tokens)
-    )
+    out = np.asarray(greedy_decode(loaded.model, ids, mask, np.asarray(stop_ids, np.int32), pad_id, max_new_tokens))
     results = []
     for row in out.tolist():
         cut = next((i for i, tok in enumerate(row) if tok in stop_ids), len(row))

@@ -34,9 +34,11 @@ def check_context(loaded: LoadedModel, example: Example, prompt_length: int, ext
     """Raises ``InputTooLong`` when ``prompt_length + extra_tokens`` exceeds the model's context."""
     limit = loaded.config.max_position_embeddings
     if prompt_length + extra_tokens > limit:
-        raise InputTooLong(f"example {example.id!r}: the prompt has {prompt_length} tokens and {extra_tokens} more are "
-                           f"needed after it, over the model's context of {limit}; filter long tables out "
-                           "(--max_rows/--max_cols)")
+        raise InputTooLong(
+            f"example {example.id!r}: the prompt has {prompt_length} tokens and {extra_tokens} more are "
+            f"needed after it, over the model's context of {limit}; filter long tables out "
+            "(--max_rows/--max_cols)"
+        )
 
 
 def prompt_ids(loaded: LoadedModel, example: Example, table: Table | None = None, style=PromptStyle()) -> list[int]:
@@ -52,8 +54,12 @@ def token_nll(model: Transformer, ids, target_positions, targets):
     Returns ``[B, A]`` float32.
     """
     B, S = ids.shape
-    out = model(model.embed(ids), jnp.broadcast_to(jnp.arange(S), (B, S)), jnp.ones((B, S), bool),
-                logits_positions=target_positions)
+    out = model(
+        model.embed(ids),
+        jnp.broadcast_to(jnp.arange(S), (B, S)),
+        jnp.ones((B, S), bool),
+        logits_positions=target_positions,
+    )
     logp = jax.nn.log_softmax(out.logits, axis=-1)
     return -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
 
@@ -73,7 +79,7 @@ def answer_losses(
     check_context(loaded, example, max(len(p) for p in prompts), A)
     losses = []
     for start in range(0, len(prompts), batch_size):
-        chunk = prompts[start:start + batch_size]
+        chunk = prompts[start : start + batch_size]
         longest = max(len(p) for p in chunk) + A
         S = padded_length(longest)  # right padding to a bucket: fewer distinct compiles
         rows = batch_size if len(prompts) > batch_size else len(chunk)  # fixed batch: one compile
@@ -109,7 +115,10 @@ def answers(
 
 
 def answer(
-    loaded: LoadedModel, example: Example, table: Table | None = None, style: PromptStyle = PromptStyle(),
+    loaded: LoadedModel,
+    example: Example,
+    table: Table | None = None,
+    style: PromptStyle = PromptStyle(),
     max_new_tokens: int | None = None,
 ) -> str:
     """The model's answer to ``example`` over ``table`` (default: the example's own table)."""

@@ -60,13 +60,17 @@ def select_examples(
     whatever the number of processes.
     """
     if process_count < 1 or not 0 <= process_index < process_count:
-        raise ValueError(f"process_index={process_index} must be in [0, process_count={process_count}); "
-                         "pass --process_index K --process_count N with 0 <= K < N")
+        raise ValueError(
+            f"process_index={process_index} must be in [0, process_count={process_count}); "
+            "pass --process_index K --process_count N with 0 <= K < N"
+        )
     if num_examples < 0:
         raise ValueError(f"num_examples={num_examples}: pass 0 for all examples or a positive count")
     examples = filter_examples(
         load_dataset(dataset, split, data_dir),
-        order_sensitive=False if drop_order_sensitive else None, max_rows=max_rows, max_cols=max_cols,
+        order_sensitive=False if drop_order_sensitive else None,
+        max_rows=max_rows,
+        max_cols=max_cols,
         order_filter=order_filter,
     )
     if num_examples:
@@ -88,12 +92,17 @@ def manifest_path(output_dir: str | os.PathLike, process_index: int, process_cou
 
 def environment() -> dict:
     """Versions and devices, for a run's manifest (touches the JAX backend)."""
-    return {"jax": jax.__version__, "atp_jax": __version__, "python": platform.python_version(),
-            "devices": [str(d) for d in jax.devices()]}
+    return {
+        "jax": jax.__version__,
+        "atp_jax": __version__,
+        "python": platform.python_version(),
+        "devices": [str(d) for d in jax.devices()],
+    }
 
 
-def _answer_and_scores(model: LoadedModel, example: Example, tables, style: PromptStyle, max_new_tokens: int,
-                       scorer: Scorer | None):
+def _answer_and_scores(
+    model: LoadedModel, example: Example, tables, style: PromptStyle, max_new_tokens: int, scorer: Scorer | None
+):
     predictions = answers(model, example, tables, style, max_new_tokens)
     return list(zip(predictions, (scorer or Scorer())(example, predictions)))
 
@@ -155,8 +164,10 @@ def run_one(
             batch = getattr(config, "restarts", 1) if method.uses_gradient else CANDIDATE_BATCH
             need = problem.attention_bytes(model.config, batch, through_layers=method.uses_gradient)
             if need > memory_budget_bytes:
-                raise AttackInputError(f"example {example.id!r}: attention alone needs {need / 2**30:.1f} GiB, over the "
-                                       f"memory budget of {memory_budget_bytes / 2**30:.1f} GiB (--memory_budget_gb)")
+                raise AttackInputError(
+                    f"example {example.id!r}: attention alone needs {need / 2**30:.1f} GiB, over the "
+                    f"memory budget of {memory_budget_bytes / 2**30:.1f} GiB (--memory_budget_gb)"
+                )
         result = attack(model, example, config, style, name=name, problem=problem)
     except (AttackInputError, InputTooLong) as e:
         return {"id": example.id, "attack": name, "skipped": str(e)}
@@ -166,11 +177,19 @@ def run_one(
         ((prediction, scores),) = _answer_and_scores(model, example, [result.table], style, max_new_tokens, scorer)
     generate_seconds = time.perf_counter() - start
     record = {
-        "id": example.id, "attack": name, "row_perm": list(result.row_perm),
-        "col_perm": list(result.col_perm), "prediction": prediction, "scores": scores,
-        "answer_loss": result.loss, "clean_loss": result.clean_loss, "queries": result.forward_calls,
-        "backward_calls": result.backward_calls, "seconds": result.seconds,
-        "generate_seconds": generate_seconds, "trace": result.trace,
+        "id": example.id,
+        "attack": name,
+        "row_perm": list(result.row_perm),
+        "col_perm": list(result.col_perm),
+        "prediction": prediction,
+        "scores": scores,
+        "answer_loss": result.loss,
+        "clean_loss": result.clean_loss,
+        "queries": result.forward_calls,
+        "backward_calls": result.backward_calls,
+        "seconds": result.seconds,
+        "generate_seconds": generate_seconds,
+        "trace": result.trace,
     }
     if smoothing is not None:
         start = time.perf_counter()
@@ -221,16 +240,26 @@ def replay(
     out, k = [], 0
     for r in sources:
         if "skipped" in r:
-            out.append({"id": r["id"], "attack": r["attack"], "skipped": r["skipped"],
-                        "transferred_from": source})
+            out.append({"id": r["id"], "attack": r["attack"], "skipped": r["skipped"], "transferred_from": source})
             continue
         prediction, scores = generated[k] if generate else (None, {})
-        out.append({
-            "id": example.id, "attack": r["attack"], "row_perm": list(r["row_perm"]),
-            "col_perm": list(r["col_perm"]), "prediction": prediction, "scores": scores,
-            "answer_loss": float(losses[k + 1]), "clean_loss": float(losses[0]), "queries": 1,
-            "backward_calls": 0, "seconds": seconds / len(usable), "generate_seconds": generate_seconds / len(usable),
-            "trace": {}, "transferred_from": {**source, "answer_loss": r.get("answer_loss")},
-        })
+        out.append(
+            {
+                "id": example.id,
+                "attack": r["attack"],
+                "row_perm": list(r["row_perm"]),
+                "col_perm": list(r["col_perm"]),
+                "prediction": prediction,
+                "scores": scores,
+                "answer_loss": float(losses[k + 1]),
+                "clean_loss": float(losses[0]),
+                "queries": 1,
+                "backward_calls": 0,
+                "seconds": seconds / len(usable),
+                "generate_seconds": generate_seconds / len(usable),
+                "trace": {},
+                "transferred_from": {**source, "answer_loss": r.get("answer_loss")},
+            }
+        )
         k += 1
     return out

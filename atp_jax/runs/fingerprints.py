@@ -57,8 +57,9 @@ def dataset_file(dataset: str, split: str = "dev", data_dir: str | os.PathLike |
         raise ValueError(f"--dataset {dataset}: use one of {', '.join(DATASET_NAMES)} or a path ending in .jsonl")
     root = data_dir if data_dir is not None else os.environ.get(DATA_ENV_VAR)
     if not root:
-        raise ValueError(f"--dataset {dataset}: pass --data_dir or set {DATA_ENV_VAR} to a folder holding "
-                         f"{name}/{split}.jsonl")
+        raise ValueError(
+            f"--dataset {dataset}: pass --data_dir or set {DATA_ENV_VAR} to a folder holding {name}/{split}.jsonl"
+        )
     return Path(root) / name / f"{split}.jsonl"
 
 

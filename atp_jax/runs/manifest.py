@@ -31,8 +31,18 @@ from atp_jax.runs.records import append_record, done_keys
 
 MANIFEST_VERSION = 2
 # Every package whose version can change a recorded number.
-VERSIONED_PACKAGES = ("jax", "jaxlib", "flax", "optax", "numpy", "scipy", "transformers", "tokenizers", "gguf",
-                      "atp-jax")
+VERSIONED_PACKAGES = (
+    "jax",
+    "jaxlib",
+    "flax",
+    "optax",
+    "numpy",
+    "scipy",
+    "transformers",
+    "tokenizers",
+    "gguf",
+    "atp-jax",
+)
 _HASH_CHUNK = 1 << 20
 
 
@@ -73,8 +83,13 @@ def git_revision() -> str | None:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10)
         if head.returncode != 0:
             return None
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=here,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
     return head.stdout.strip() + ("-dirty" if dirty else "")
@@ -82,8 +97,13 @@ def git_revision() -> str | None:
 
 def provenance(argv: list[str]) -> dict:
     """What one session that writes to a folder records about itself (not compared on resume)."""
-    return {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "versions": package_versions(),
-            "python": platform.python_version(), "git_revision": git_revision(), "argv": list(argv)}
+    return {
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "versions": package_versions(),
+        "python": platform.python_version(),
+        "git_revision": git_revision(),
+        "argv": list(argv),
+    }
 
 
 def _differences(old: Mapping, new: Mapping, prefix: str = "") -> list[str]:
@@ -126,8 +146,16 @@ class ResultsFolder:
             return None
         return json.loads(self.manifest_file.read_text())
 
-    def begin(self, identity: dict, attacks: Mapping[str, dict], session: dict, *, flags_text: str | None = None,
-              restart: bool = False, extra: Mapping | None = None) -> dict:
+    def begin(
+        self,
+        identity: dict,
+        attacks: Mapping[str, dict],
+        session: dict,
+        *,
+        flags_text: str | None = None,
+        restart: bool = False,
+        extra: Mapping | None = None,
+    ) -> dict:
         """Checks this run against the folder's manifest and writes the merged manifest (and flags).
 
         Raises ``ManifestMismatch`` naming each difference and the two ways out (a new folder, or
@@ -147,9 +175,16 @@ class ResultsFolder:
         if old is not None or has_records:
             self._check(old, identity, attacks)
         merged_attacks = {**(old or {}).get("attacks", {}), **attacks}
-        manifest = {"manifest_version": MANIFEST_VERSION, **identity, "identity_keys": sorted(identity),
-                    "attacks": merged_attacks, **(extra or {}), "process_index": self.process_index,
-                    "process_count": self.process_count, "provenance": [*(old or {}).get("provenance", []), session]}
+        manifest = {
+            "manifest_version": MANIFEST_VERSION,
+            **identity,
+            "identity_keys": sorted(identity),
+            "attacks": merged_attacks,
+            **(extra or {}),
+            "process_index": self.process_index,
+            "process_count": self.process_count,
+            "provenance": [*(old or {}).get("provenance", []), session],
+        }
         tmp = self.manifest_file.with_name(self.manifest_file.name + ".tmp")
         tmp.write_text(json.dumps(manifest, indent=2))
         os.replace(tmp, self.manifest_file)  # a killed start leaves the old manifest or the new one
@@ -158,21 +193,31 @@ class ResultsFolder:
         return manifest
 
     def _check(self, old: dict | None, identity: dict, attacks: Mapping[str, dict]) -> None:
-        fix = (f"write this run to a new --output_dir, or pass --restart to set {self.path}'s records aside "
-               "and start over")
+        fix = (
+            f"write this run to a new --output_dir, or pass --restart to set {self.path}'s records aside and start over"
+        )
         if old is None or old.get("manifest_version") != MANIFEST_VERSION:
-            raise ManifestMismatch(f"{self.path} holds records without a version-{MANIFEST_VERSION} manifest "
-                                   f"({self.manifest_file.name} missing or older), so what made them is unknown; "
-                                   f"{fix}")
+            raise ManifestMismatch(
+                f"{self.path} holds records without a version-{MANIFEST_VERSION} manifest "
+                f"({self.manifest_file.name} missing or older), so what made them is unknown; "
+                f"{fix}"
+            )
         recorded_keys = set(old.get("identity_keys", ())) | set(identity)
-        problems = _differences({k: old.get(k, "<absent>") for k in recorded_keys},
-                                {k: identity.get(k, "<absent>") for k in recorded_keys})
+        problems = _differences(
+            {k: old.get(k, "<absent>") for k in recorded_keys}, {k: identity.get(k, "<absent>") for k in recorded_keys}
+        )
         recorded = old.get("attacks", {})
-        problems += [f"attack {name}: recorded {recorded[name]}, this run {config}"
-                     for name, config in attacks.items() if name in recorded and recorded[name] != config]
+        problems += [
+            f"attack {name}: recorded {recorded[name]}, this run {config}"
+            for name, config in attacks.items()
+            if name in recorded and recorded[name] != config
+        ]
         if problems:
-            raise ManifestMismatch(f"{self.manifest_file}: this run differs from the records there —\n  "
-                                   + "\n  ".join(problems) + f"\n{fix}")
+            raise ManifestMismatch(
+                f"{self.manifest_file}: this run differs from the records there —\n  "
+                + "\n  ".join(problems)
+                + f"\n{fix}"
+            )
 
     def done_keys(self) -> set[tuple[str, str]]:
         return done_keys([self.results_file])

@@ -68,12 +68,16 @@ def read_records(path: str | os.PathLike) -> Iterator[dict]:
                     "rerun on resume) or restore the file"
                 ) from None
             if not isinstance(record, dict):
-                raise ValueError(f"{path}:{number} holds a JSON {type(record).__name__}, not a record object; "
-                                 "delete that line or restore the file")
+                raise ValueError(
+                    f"{path}:{number} holds a JSON {type(record).__name__}, not a record object; "
+                    "delete that line or restore the file"
+                )
             missing = [key for key in ("id", "attack") if not isinstance(record.get(key), str)]
             if missing:
-                raise ValueError(f"{path}:{number} is a record without {' and '.join(missing)} (a string each: "
-                                 "results are keyed by them); delete that line or restore the file")
+                raise ValueError(
+                    f"{path}:{number} is a record without {' and '.join(missing)} (a string each: "
+                    "results are keyed by them); delete that line or restore the file"
+                )
             yield record
 
 

@@ -79,12 +79,15 @@ def results_files(folder: str | os.PathLike) -> list[Path]:
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"results folder {folder} does not exist; pass the --output_dir of a run")
-    shards = sorted((p for p in folder.iterdir() if _SHARD.fullmatch(p.name)),
-                    key=lambda p: int(_SHARD.fullmatch(p.name).group(1)))
+    shards = sorted(
+        (p for p in folder.iterdir() if _SHARD.fullmatch(p.name)), key=lambda p: int(_SHARD.fullmatch(p.name).group(1))
+    )
     files = ([folder / "results.jsonl"] if (folder / "results.jsonl").is_file() else []) + shards
     if not files:
-        raise FileNotFoundError(f"no results.jsonl or results.shard*.jsonl in {folder}; pass the --output_dir "
-                                "of run_attack.py, ablate.py or transfer.py")
+        raise FileNotFoundError(
+            f"no results.jsonl or results.shard*.jsonl in {folder}; pass the --output_dir "
+            "of run_attack.py, ablate.py or transfer.py"
+        )
     return files
 
 
@@ -121,21 +124,27 @@ class Run:
 def load_manifest(folder: str | os.PathLike) -> dict:
     """``run.json``, or ``run.shardK.json`` of the lowest K; every shard must name the same model/dataset."""
     folder = Path(folder)
-    paths = sorted((p for p in folder.glob("run.shard*.json") if _MANIFEST_SHARD.fullmatch(p.name)),
-                   key=lambda p: int(_MANIFEST_SHARD.fullmatch(p.name).group(1)))
+    paths = sorted(
+        (p for p in folder.glob("run.shard*.json") if _MANIFEST_SHARD.fullmatch(p.name)),
+        key=lambda p: int(_MANIFEST_SHARD.fullmatch(p.name).group(1)),
+    )
     if (folder / "run.json").is_file():
         paths.insert(0, folder / "run.json")
     if not paths:
-        raise FileNotFoundError(f"no run.json or run.shard*.json in {folder}: the manifest names the model; "
-                                "rerun the binary that wrote the results, or write one with a \"model\" key")
+        raise FileNotFoundError(
+            f"no run.json or run.shard*.json in {folder}: the manifest names the model; "
+            'rerun the binary that wrote the results, or write one with a "model" key'
+        )
     manifests = [json.loads(p.read_text()) for p in paths]
     for path, manifest in zip(paths, manifests):
         if "model" not in manifest:
-            raise ValueError(f"{path} has no \"model\" key; add the model's name to it")
+            raise ValueError(f'{path} has no "model" key; add the model\'s name to it')
         for key in ("model", "dataset"):
             if manifest.get(key) != manifests[0].get(key):
-                raise ValueError(f"{path} says {key}={manifest.get(key)!r} but {paths[0]} says "
-                                 f"{manifests[0].get(key)!r}: one folder must hold one run; move it out")
+                raise ValueError(
+                    f"{path} says {key}={manifest.get(key)!r} but {paths[0]} says "
+                    f"{manifests[0].get(key)!r}: one folder must hold one run; move it out"
+                )
     return manifests[0]
 
 
@@ -146,6 +155,7 @@ def load_run(folder: str | os.PathLike) -> Run:
 
 
 # --------------------------------------------------------------------------- aggregation
+
 
 def metric_value(record: dict, metric: str) -> float | None:
     """The record's value of ``metric`` (a score, or ``answer_loss``); None when it was not measured."""
@@ -159,8 +169,9 @@ def metric_value(record: dict, metric: str) -> float | None:
 def available_metrics(records: Iterable[dict]) -> list[str]:
     """Metrics with at least one value in ``records``: recorded scores (sorted), then ``answer_loss``."""
     records = list(records)
-    scores = sorted({m for r in records if "skipped" not in r for m, v in (r.get("scores") or {}).items()
-                     if _is_score(v)})
+    scores = sorted(
+        {m for r in records if "skipped" not in r for m, v in (r.get("scores") or {}).items() if _is_score(v)}
+    )
     loss = [LOSS_METRIC] if any(metric_value(r, LOSS_METRIC) is not None for r in records) else []
     return scores + loss
 
@@ -170,8 +181,9 @@ def _pick_metric(available: list[str], requested: str | None, where: str, hint: 
     first of ``preference`` that is available."""
     if requested is not None:
         if requested not in available:
-            raise ValueError(f"metric {requested!r} is not recorded in {where}; available: "
-                             f"{', '.join(available) or 'none'} ({hint})")
+            raise ValueError(
+                f"metric {requested!r} is not recorded in {where}; available: {', '.join(available) or 'none'} ({hint})"
+            )
         return requested
     chosen = next((metric for metric in preference if metric in available), None)
     if chosen is None:
@@ -223,17 +235,31 @@ def paired_comparisons(
             continue
         diff = np.array([values[attack][i] - values[other][i] for i in common])
         low, high = bootstrap_ci(diff, resamples=resamples, seed=seed)
-        rows.append({"attack": attack, "against": other, "examples": len(common), "mean_difference": float(diff.mean()),
-                     "ci_low": low, "ci_high": high, "higher": f"{int((diff > 0).sum())}/{len(common)}"})
+        rows.append(
+            {
+                "attack": attack,
+                "against": other,
+                "examples": len(common),
+                "mean_difference": float(diff.mean()),
+                "ci_low": low,
+                "ci_high": high,
+                "higher": f"{int((diff > 0).sum())}/{len(common)}",
+            }
+        )
     return rows
 
 
 def comparison_markdown(rows: list[dict], metric: str = LOSS_METRIC) -> str:
     """Paired comparisons as markdown: attack, against, n, mean difference [95% CI], higher on."""
-    lines = [f"| attack | against | examples | mean {metric} difference [95% CI] | higher on |",
-             "|---|---|---|---|---|"]
-    lines += [f"| {r['attack']} | {r['against']} | {r['examples']} | {r['mean_difference']:+.3f} "
-              f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}] | {r['higher']} |" for r in rows]
+    lines = [
+        f"| attack | against | examples | mean {metric} difference [95% CI] | higher on |",
+        "|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r['attack']} | {r['against']} | {r['examples']} | {r['mean_difference']:+.3f} "
+        f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}] | {r['higher']} |"
+        for r in rows
+    ]
     return "\n".join(lines)
 
 
@@ -262,6 +288,7 @@ class ScoreTable:
 def _row_labels(runs: list[Run]) -> list[str]:
     """Each run's row: its model; with the prompt style added when one model ran in several styles on
     the same dataset (e.g. a transfer across styles), so those rows stay apart."""
+
     def style(run):
         s = run.manifest.get("style") or {}
         return f"{s.get('linearization', '?')}/{s.get('reasoning', '?')}"
@@ -269,13 +296,17 @@ def _row_labels(runs: list[Run]) -> list[str]:
     styles = defaultdict(set)
     for run in runs:
         styles[(run.model, run.dataset)].add(style(run))
-    return [run.model if len(styles[(run.model, run.dataset)]) == 1 else f"{run.model} ({style(run)})"
-            for run in runs]
+    return [run.model if len(styles[(run.model, run.dataset)]) == 1 else f"{run.model} ({style(run)})" for run in runs]
 
 
 def score_tables(
-    runs: Iterable[Run], metric: str | None = None, ci: bool = False, level: float = 0.95,
-    resamples: int = 2000, seed: int = 0, paired: bool = False,
+    runs: Iterable[Run],
+    metric: str | None = None,
+    ci: bool = False,
+    level: float = 0.95,
+    resamples: int = 2000,
+    seed: int = 0,
+    paired: bool = False,
 ) -> list[ScoreTable]:
     """One table per dataset (in order of first appearance) over ``runs``.
 
@@ -308,8 +339,7 @@ def score_tables(
                 complete = {i for i, names in measured.items() if len(names) == len(attacks)}
                 records = [r for r in records if r["id"] in complete]
             for attack in attacks:
-                values = [v for r in records if r["attack"] == attack
-                          and (v := metric_value(r, chosen)) is not None]
+                values = [v for r in records if r["attack"] == attack and (v := metric_value(r, chosen)) is not None]
                 if not values:
                     continue
                 low, high = bootstrap_ci(values, level, resamples, seed) if ci else (None, None)
@@ -319,6 +349,7 @@ def score_tables(
 
 
 # --------------------------------------------------------------------------- output
+
 
 def _cell_text(cell: Cell | None, show_n: bool) -> str:
     if cell is None:
@@ -344,8 +375,9 @@ def score_markdown(tables: list[ScoreTable]) -> str:
         lines = [title, "", "| model | " + " | ".join(t.attacks) + " |", "|---|" + "---|" * len(t.attacks)]
         show_n = len({c.n for c in t.cells.values()}) > 1
         for model in t.models:
-            lines.append(f"| {model} | " + " | ".join(_cell_text(t.cells.get((model, a)), show_n)
-                                                     for a in t.attacks) + " |")
+            lines.append(
+                f"| {model} | " + " | ".join(_cell_text(t.cells.get((model, a)), show_n) for a in t.attacks) + " |"
+            )
         sections.append("\n".join(lines))
     return "\n\n".join(sections) if sections else "(no records)"
 
@@ -437,9 +469,12 @@ def sweep_rows(records: Iterable[dict], parameter: str, metric: str | None = Non
     rows = []
     for value in sorted(points):
         recs = points[value]
-        row = {parameter: int(value) if value.is_integer() else value, "examples": len(recs),
-               "mean_loss": statistics.fmean(r["answer_loss"] for r in recs),
-               "mean_clean_loss": statistics.fmean(r["clean_loss"] for r in recs)}
+        row = {
+            parameter: int(value) if value.is_integer() else value,
+            "examples": len(recs),
+            "mean_loss": statistics.fmean(r["answer_loss"] for r in recs),
+            "mean_clean_loss": statistics.fmean(r["clean_loss"] for r in recs),
+        }
         if metric is not None:
             values = [v for r in recs if (v := metric_value(r, metric)) is not None]
             row[f"mean_{metric}"] = statistics.fmean(values) if values else float("nan")
@@ -500,16 +535,29 @@ _DEFENSE = re.compile(r"smooth_k(\d+)")
 
 def defense_metrics(records: Iterable[dict]) -> list[str]:
     """Score metrics recorded under ``defended`` (sorted)."""
-    return sorted({m for r in records if "skipped" not in r for entry in (r.get("defended") or {}).values()
-                   for m, v in (entry.get("scores") or {}).items() if v is not None})
+    return sorted(
+        {
+            m
+            for r in records
+            if "skipped" not in r
+            for entry in (r.get("defended") or {}).values()
+            for m, v in (entry.get("scores") or {}).items()
+            if v is not None
+        }
+    )
 
 
 def defense_metric(records: Iterable[dict], requested: str | None = None) -> str:
     """``requested`` when recorded under ``defended``; by default the first of ``SCORE_METRICS`` recorded
     there, else the first recorded."""
     available = defense_metrics(records)
-    return _pick_metric(available, requested, "the defended answers",
-                        "run_attack.py --smoothing_k with --generate records them", (*SCORE_METRICS, *available))
+    return _pick_metric(
+        available,
+        requested,
+        "the defended answers",
+        "run_attack.py --smoothing_k with --generate records them",
+        (*SCORE_METRICS, *available),
+    )
 
 
 def defense_rows(records: Iterable[dict], metric: str | None = None) -> list[dict]:
@@ -532,8 +580,11 @@ def defense_rows(records: Iterable[dict], metric: str | None = None) -> list[dic
 
     rows = []
     for attack, recs in by_attack.items():
-        row = {"attack": attack, "examples": len(recs),
-               "undefended": mean((r.get("scores") or {}).get(metric) for r in recs)}
+        row = {
+            "attack": attack,
+            "examples": len(recs),
+            "undefended": mean((r.get("scores") or {}).get(metric) for r in recs),
+        }
         for k in ks:
             entries = [e for r in recs if (e := r["defended"].get(f"smooth_k{k}")) is not None]
             row[f"k={k}"] = mean((e.get("scores") or {}).get(metric) for e in entries)

@@ -184,7 +184,11 @@ def place(arrays: dict, row_perm, col_perm, *, body_length: int, max_cell_tokens
 
 
 def build_layout(
-    tokenizer, example: Example, table: Table | None = None, style: PromptStyle = PromptStyle(), with_answer: bool = True
+    tokenizer,
+    example: Example,
+    table: Table | None = None,
+    style: PromptStyle = PromptStyle(),
+    with_answer: bool = True,
 ) -> Layout:
     """Tokenizes ``example``'s prompt run by run (see the module docstring).
 
@@ -202,7 +206,7 @@ def build_layout(
             pending += segment.text
     trailing = pending + prompt.after
     # Spaces that precede every cell move into the cell's run: " Alice" is one pre-token, "|" another.
-    tails = {text[len(text.rstrip(" ")):] for text in preceding}
+    tails = {text[len(text.rstrip(" ")) :] for text in preceding}
     tail = tails.pop() if len(tails) == 1 else ""
 
     n, m = table.n_rows, table.n_cols

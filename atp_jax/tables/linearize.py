@@ -256,9 +256,7 @@ def linearize(table: Table, style: str = "markdown") -> Linearized:
             else:
                 segments.append(Segment(text))
 
-    spans: list[list[tuple[int, int] | None]] = [
-        [None] * table.n_cols for _ in range(table.n_rows + 1)
-    ]
+    spans: list[list[tuple[int, int] | None]] = [[None] * table.n_cols for _ in range(table.n_rows + 1)]
     offset = 0
     for segment in segments:
         end = offset + len(segment.text)

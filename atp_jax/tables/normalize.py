@@ -26,9 +26,7 @@ def normalize_wtq(text: str) -> str:
     details)``, and one pair of outer double quotes until nothing changes; drop one
     final ``.``; collapse whitespace; lower-case.
     """
-    text = "".join(
-        ch for ch in unicodedata.normalize("NFKD", text) if unicodedata.category(ch) != "Mn"
-    )
+    text = "".join(ch for ch in unicodedata.normalize("NFKD", text) if unicodedata.category(ch) != "Mn")
     text = _QUOTES_SINGLE.sub("'", text)
     text = _QUOTES_DOUBLE.sub('"', text)
     text = _DASHES.sub("-", text)

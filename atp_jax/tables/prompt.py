@@ -25,15 +25,15 @@ ANSWER_FORMATS = ("dataset", "plain")
 _REASONING_INSTRUCTIONS = {
     "concise": "Answer the question using the table. Reply with the answer only, as briefly as possible.",
     "step_by_step": "Answer the question using the table. Think step by step, then end with a last line of the "
-                    f"form '{FINAL_ANSWER_MARKER} <answer>'.",
+    f"form '{FINAL_ANSWER_MARKER} <answer>'.",
 }
 _SEVERAL_ANSWERS = f"If there are several answers, separate them with '{ANSWER_SEPARATOR.strip()}'."
 # TAT-QA's metric gives 0 to a bare number whose gold has a scale (1.5 for "1.5 million"), so the scale is asked
 # for; WTQ and FeTaQA keep the plain wording, with which their committed records were made.
 _ANSWER_INSTRUCTIONS = {
     "tatqa": "Write a number with its scale word (thousand, million or billion) when the table states one, "
-             "e.g. '1.5 million', and a percentage with a percent sign, e.g. '12.5%'; write text answers "
-             f"as they appear in the table. {_SEVERAL_ANSWERS}",
+    "e.g. '1.5 million', and a percentage with a percent sign, e.g. '12.5%'; write text answers "
+    f"as they appear in the table. {_SEVERAL_ANSWERS}",
 }
 _SENTINEL = "\u2063TABLE\u2063"  # invisible separator: never occurs in a template or a question
 
@@ -59,8 +59,7 @@ class PromptStyle:
         if self.reasoning not in _REASONING_INSTRUCTIONS:
             raise ValueError(f"reasoning must be 'concise' or 'step_by_step', got {self.reasoning!r}")
         if self.answer_format not in ANSWER_FORMATS:
-            raise ValueError(f"answer_format must be one of {', '.join(ANSWER_FORMATS)}, "
-                             f"got {self.answer_format!r}")
+            raise ValueError(f"answer_format must be one of {', '.join(ANSWER_FORMATS)}, got {self.answer_format!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,7 +93,9 @@ def user_message(question: str, style: PromptStyle, table_text: str, dataset: st
     return f"{instruction(style, dataset)}\n\nTable:\n{table_text}\n\nQuestion: {question}"
 
 
-def render_prompt(tokenizer, example: Example, table: Table | None = None, style: PromptStyle = PromptStyle()) -> Prompt:
+def render_prompt(
+    tokenizer, example: Example, table: Table | None = None, style: PromptStyle = PromptStyle()
+) -> Prompt:
     """The chat prompt for ``example`` (over ``table`` when given, e.g. a permuted one)."""
     table = example.table if table is None else table
     messages = [{"role": "user", "content": user_message(example.question, style, _SENTINEL, example.dataset)}]
@@ -120,7 +121,7 @@ def extract_answer(reply: str, style: PromptStyle = PromptStyle()) -> str:
     if style.reasoning == "step_by_step":
         matches = list(re.finditer(re.escape(FINAL_ANSWER_MARKER), reply, flags=re.IGNORECASE))
         if matches:
-            reply = reply[matches[-1].end():]
+            reply = reply[matches[-1].end() :]
         else:  # no marker: fall back to the last non-empty line
             lines = [line for line in reply.splitlines() if line.strip()]
             reply = lines[-1] if lines else ""

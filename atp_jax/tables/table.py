@@ -51,9 +51,7 @@ def _coerce_row(row: Any, where: str) -> tuple[str, ...]:
     """Return ``row`` as a tuple of cell strings; reject strings and non-sequences."""
     # A bare string is a Sequence too; accepting it would split "abc" into three cells.
     if isinstance(row, (str, bytes)) or not isinstance(row, Sequence):
-        raise TypeError(
-            f"{where} must be a list or tuple of cells, got {type(row).__name__} {row!r}"
-        )
+        raise TypeError(f"{where} must be a list or tuple of cells, got {type(row).__name__} {row!r}")
     return tuple(_coerce_cell(cell, f"{where}, cell {j}") for j, cell in enumerate(row))
 
 
@@ -73,18 +71,14 @@ def _check_permutation(perm: Any, size: int, name: str) -> tuple[int, ...]:
             # operator.index accepts int and NumPy integers but refuses floats like 1.0.
             values.append(operator.index(item))
         except TypeError:
-            raise TypeError(
-                f"{name}[{k}] is {type(item).__name__} {item!r}; expected an int index"
-            ) from None
+            raise TypeError(f"{name}[{k}] is {type(item).__name__} {item!r}; expected an int index") from None
     if len(values) != size:
         raise ValueError(
-            f"{name} has length {len(values)} but the table has {size}; "
-            f"pass a permutation of 0..{size - 1}"
+            f"{name} has length {len(values)} but the table has {size}; pass a permutation of 0..{size - 1}"
         )
     if sorted(values) != list(range(size)):
         raise ValueError(
-            f"{name}={values} is not a permutation of 0..{size - 1} "
-            "(every index must appear exactly once)"
+            f"{name}={values} is not a permutation of 0..{size - 1} (every index must appear exactly once)"
         )
     return tuple(values)
 
@@ -163,12 +157,8 @@ class Table:
             ValueError: if a permutation has the wrong length or repeats/misses an index.
             TypeError: if a permutation holds non-integers.
         """
-        rp = tuple(range(self.n_rows)) if row_perm is None else _check_permutation(
-            row_perm, self.n_rows, "row_perm"
-        )
-        cp = tuple(range(self.n_cols)) if col_perm is None else _check_permutation(
-            col_perm, self.n_cols, "col_perm"
-        )
+        rp = tuple(range(self.n_rows)) if row_perm is None else _check_permutation(row_perm, self.n_rows, "row_perm")
+        cp = tuple(range(self.n_cols)) if col_perm is None else _check_permutation(col_perm, self.n_cols, "col_perm")
         header = tuple(self.header[j] for j in cp)
         rows = tuple(tuple(self.rows[i][j] for j in cp) for i in rp)
         return Table(header, rows)
@@ -218,9 +208,7 @@ class Example:
         answers = tuple(self.answers)
         for k, answer in enumerate(answers):
             if not isinstance(answer, str):
-                raise TypeError(
-                    f"answers[{k}] is {type(answer).__name__} {answer!r}; answers must be str"
-                )
+                raise TypeError(f"answers[{k}] is {type(answer).__name__} {answer!r}; answers must be str")
         if not isinstance(self.meta, Mapping):
             raise TypeError(f"meta must be a mapping, got {type(self.meta).__name__}")
         object.__setattr__(self, "answers", answers)
