@@ -317,8 +317,8 @@ def test_request_carries_the_papers_settings():
     assert "max_tokens" not in body
 
 
-DEADLINE = 1.5
-MARGIN = 1.0  # what scheduling on a busy machine may add to a deadline; a trickling server would add seconds
+DEADLINE = 3.0
+MARGIN = 2.0  # what scheduling on a busy machine may add to a deadline; a trickling server would add many seconds
 
 
 def test_a_batch_over_a_misbehaving_server_completes_with_every_failure_explained():
@@ -328,12 +328,12 @@ def test_a_batch_over_a_misbehaving_server_completes_with_every_failure_explaine
         "flaky": [("status", 500, None), ("reply", "0.7")],
         "ratelimited": [("status", 429, 1), ("reply", "0.3")],
         "cutoff": [("truncated",), ("reply", "1")],
-        "slowstart": [("trickle", 0.05, "body"), ("reply", "0.6")],
+        "slowstart": [("trickle", 0.1, "body"), ("reply", "0.6")],
         "alwayscut": [("truncated",)],
         "down": [("status", 500, None)],
-        "slowbody": [("trickle", 0.05, "body")],
-        "slowhead": [("trickle", 0.05, "all")],
-        "stall": [("stall", 10.0)],
+        "slowbody": [("trickle", 0.1, "body")],
+        "slowhead": [("trickle", 0.1, "all")],
+        "stall": [("stall", 20.0)],
         "unavailable": [("status", 503, 5)],
         "garbage": [("garbage",)],
         "notjson": [("body", b"<html>proxy error</html>")],
@@ -345,7 +345,7 @@ def test_a_batch_over_a_misbehaving_server_completes_with_every_failure_explaine
     items = [JudgeItem(key, "ref", "answer") for key in scripts]
     # All requests start together, so the batch's wall time bounds every single item's.
     with _Server(scripts) as server:
-        judge = _judge(server.url, deadline=DEADLINE, attempt_timeout=0.6, max_retries=3, max_concurrency=len(items))
+        judge = _judge(server.url, deadline=DEADLINE, attempt_timeout=1.0, max_retries=3, max_concurrency=len(items))
         start = time.monotonic()
         scores = dict(zip(scripts, judge.judge(items)))
         elapsed = time.monotonic() - start
@@ -404,7 +404,7 @@ def test_a_batch_over_a_misbehaving_server_completes_with_every_failure_explaine
     assert count["slowbody"] >= 2  # each attempt timed out and was retried until the deadline
 
 
-@pytest.mark.parametrize("step", [("trickle", 0.05, "body"), ("trickle", 0.05, "all"), ("stall", 10.0)])
+@pytest.mark.parametrize("step", [("trickle", 0.1, "body"), ("trickle", 0.1, "all"), ("stall", 20.0)])
 def test_no_request_outlives_its_deadline(step):
     policy = RequestPolicy(deadline=DEADLINE, max_retries=3, backoff=0.05)
     with _Server({"slow": [step]}) as server:
@@ -429,12 +429,12 @@ def test_a_server_that_recovers_within_the_deadline_is_waited_for():
         result = post_json(
             server.url + "/v1/chat/completions",
             {"messages": [{"content": "busy"}]},
-            policy=RequestPolicy(deadline=3.0, backoff=0.05),
+            policy=RequestPolicy(deadline=6.0, backoff=0.05),
         )
         elapsed = time.monotonic() - start
     assert result.ok and result.status == 200 and result.attempts == 3
     assert json.loads(result.body)["choices"][0]["message"]["content"] == "0.5"
-    assert 1.0 <= elapsed < 3.0
+    assert 1.0 <= elapsed < 6.0
 
 
 def test_connection_refused_is_reported():
