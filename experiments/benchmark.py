@@ -6,6 +6,7 @@ is the median of ``--repeats`` runs after a warm-up call, whose time (compile in
 separately.
 
   python experiments/benchmark.py --model smollm2-135m-instruct --tokens 256
+  python experiments/benchmark.py --model qwen2.5-coder-1.5b-instruct --repeats 3
   python experiments/benchmark.py --model config:llama-3.1-8b --dtype bfloat16 --variants fwd,fwd_bwd,matmul_peak
 """
 
@@ -25,6 +26,7 @@ from absl import app, flags, logging
 
 import atp_jax
 from atp_jax.models.architectures import parameter_counts
+from atp_jax.models.params import export_hf
 
 # Each name selects a group of timed runs (``matmul_peak`` times two sizes, ``atp_steps`` seven runs).
 VARIANTS = ("fwd", "fwd_bwd", "torch_fwd_bwd", "torch_compile_fwd_bwd", "matmul_peak", "atp_steps", "attack_example")
@@ -139,67 +141,31 @@ def _matmul_variants(dtype):
 def _torch_model(loaded, device, dtype):
     """transformers' PyTorch model of ``loaded.config`` holding a copy of ``loaded``'s weights.
 
-    Our kernels are stored (in, out) and stacked over layers; HF's ``nn.Linear`` weights are (out, in)
-    per layer. The final check makes sure every parameter of the torch model was written (a tied head
-    is one parameter there, as here).
+    The config goes over as ``ModelConfig.to_hf()`` and the weights as ``export_hf`` (HF names, (out, in)).
+    The final check makes sure every parameter of the torch model was written (a tied head is one parameter
+    there, as here).
     """
     import torch
     import transformers
     from transformers.initialization import no_init_weights
 
-    c = loaded.config
-    rope = {"rope_type": "default", "rope_theta": c.rope_theta}
-    if c.rope_scaling is not None:
-        rope.update(rope_type="llama3", **dataclasses.asdict(c.rope_scaling))
-    common = {
-        "vocab_size": c.vocab_size, "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
-        "num_hidden_layers": c.num_layers, "num_attention_heads": c.num_heads,
-        "num_key_value_heads": c.num_kv_heads, "rms_norm_eps": c.rms_norm_eps,
-        "max_position_embeddings": c.max_position_embeddings, "tie_word_embeddings": c.tie_word_embeddings,
-        "rope_parameters": rope,
-    }
-    if c.architecture == "llama":
-        hf_config = transformers.LlamaConfig(**common, head_dim=c.head_dim, attention_bias=c.attention_bias)
-        model_class = transformers.LlamaForCausalLM
-    else:  # Qwen2 derives the head size and always has q/k/v biases
-        if c.head_dim != c.hidden_size // c.num_heads:
-            raise ValueError(f"{loaded.name}: transformers' Qwen2 cannot express head_dim={c.head_dim}")
-        hf_config = transformers.Qwen2Config(**common)
-        model_class = transformers.Qwen2ForCausalLM
+    hf_config = transformers.AutoConfig.for_model(**loaded.config.to_hf())
     with torch.device(device), no_init_weights():  # the weights are copied in below: skip the random init
-        model = model_class(hf_config)
+        model = transformers.AutoModelForCausalLM.from_config(hf_config)
     model.tie_weights()  # skipped with the init above; a tied head then is the embedding parameter itself
     model = model.to(dtype).eval().requires_grad_(False)
 
     targets = dict(model.named_parameters())
-    written = set()
-
-    def put(name, array):
-        # Through float32: torch accepts no numpy bfloat16; copy_ casts to the parameter's dtype.
-        targets[name].copy_(torch.from_numpy(np.array(array, np.float32)))
-        written.add(name)
-
-    m = loaded.model
+    weights = export_hf(loaded.model)
+    unexpected = sorted(set(weights) - set(targets))
+    missing = sorted(set(targets) - set(weights))
+    if unexpected or missing:
+        raise ValueError(f"{loaded.name}: transformers' {type(model).__name__} has other parameters than the JAX "
+                         f"model (not in torch: {unexpected[:5]}; not in JAX: {missing[:5]})")
     with torch.no_grad():
-        put("model.embed_tokens.weight", m.embed_tokens[...])
-        put("model.norm.weight", m.final_norm[...])
-        if not c.tie_word_embeddings:
-            put("lm_head.weight", m.lm_head[...].T)
-        layers = m.layers.weights()
-        for i in range(c.num_layers):
-            prefix = f"model.layers.{i}."
-            put(prefix + "input_layernorm.weight", layers["attn_norm"][i])
-            put(prefix + "post_attention_layernorm.weight", layers["mlp_norm"][i])
-            for proj in "qkvo":
-                put(prefix + f"self_attn.{proj}_proj.weight", layers[f"{proj}_proj"][i].T)
-            if c.attention_bias:
-                for proj in "qkv":
-                    put(prefix + f"self_attn.{proj}_proj.bias", layers[f"{proj}_bias"][i])
-            for proj in ("gate", "up", "down"):
-                put(prefix + f"mlp.{proj}_proj.weight", layers[f"{proj}_proj"][i].T)
-    missing = sorted(set(targets) - written)
-    if missing:
-        raise ValueError(f"torch model parameters not copied from the JAX model: {missing[:5]}")
+        for name, array in weights.items():
+            # Through float32: torch accepts no numpy bfloat16; copy_ casts to the parameter's dtype.
+            targets[name].copy_(torch.from_numpy(np.array(array, np.float32)))
     return model
 
 

@@ -108,3 +108,30 @@ def test_tokenizer_larger_than_the_vocabulary_is_refused(tmp_path):
     big.save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="50000 tokens do not fit config:smollm2-135m's vocabulary of 49152"):
         atp_jax.load_model("config:smollm2-135m", tokenizer=tmp_path)
+
+
+@pytest.mark.parametrize("name", architectures.list_architectures())
+def test_to_hf_inverts_from_hf_for_every_architecture(name):
+    config = architectures.model_config(name)
+    assert ModelConfig.from_hf(config.to_hf()) == config
+
+
+@pytest.mark.parametrize("name", architectures.list_architectures())
+def test_transformers_reads_to_hf_as_meant(name):
+    # transformers rewrites the dict its own way (rope_parameters, defaults); reading its result back must
+    # give the same config, so a torch model built from to_hf() is the architecture we mean.
+    transformers = pytest.importorskip("transformers")
+    config = architectures.model_config(name)
+    assert ModelConfig.from_hf(transformers.AutoConfig.for_model(**config.to_hf()).to_dict()) == config
+
+
+# Parsing a Qwen vocabulary takes seconds (see test_gguf), so those are slow.
+@pytest.mark.parametrize("name", [pytest.param(n, marks=[pytest.mark.slow] if n.startswith("qwen") else [])
+                                  for n in zoo.list_models()])
+def test_to_hf_inverts_from_hf_for_every_zoo_model(name):
+    try:
+        path = zoo.resolve(name)
+    except zoo.ZooError as e:
+        pytest.skip(f"zoo model unavailable: {e}")
+    config = ModelConfig.from_hf(gguf.read_gguf_config(path))
+    assert ModelConfig.from_hf(config.to_hf()) == config

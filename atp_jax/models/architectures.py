@@ -9,9 +9,11 @@ matter for speed: random weights and a stand-in tokenizer change no timing.
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any
 
 from atp_jax.models.config import ModelConfig
+from atp_jax.models.schema import schema_for
 
 CONFIG_PREFIX = "config:"
 
@@ -79,19 +81,16 @@ def model_config(name: str) -> ModelConfig:
 def parameter_counts(config: ModelConfig) -> dict[str, int]:
     """Parameters by part: token embeddings, all decoder layers, output head (0 when tied), final norm.
 
-    ``total`` counts a tied head once, as the published model sizes do.
+    Counted from the architecture's weight schema. ``total`` counts a tied head once, as the published
+    model sizes do.
     """
-    D, F, L = config.hidden_size, config.intermediate_size, config.num_layers
-    q_dim, kv_dim = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
-    attention = D * q_dim + 2 * D * kv_dim + q_dim * D
-    if config.attention_bias:
-        attention += q_dim + 2 * kv_dim
-    per_layer = attention + 3 * D * F + 2 * D  # + gate/up/down and the two RMSNorm weights
-    counts = {
-        "embedding": config.vocab_size * D,
-        "layers": L * per_layer,
-        "head": 0 if config.tie_word_embeddings else D * config.vocab_size,
-        "final_norm": D,
-    }
+    counts = {"embedding": 0, "layers": 0, "head": 0, "final_norm": 0}
+    for spec in schema_for(config.architecture).tensors_for(config):
+        part = "layers" if spec.per_layer else _COUNTED_AS.get(spec.field, spec.field)
+        counts[part] = counts.get(part, 0) + math.prod(spec.model_shape(config))
     counts["total"] = sum(counts.values())
     return counts
+
+
+# The part each global tensor of the schema is counted under (others under their field name).
+_COUNTED_AS = {"embed_tokens": "embedding", "lm_head": "head"}

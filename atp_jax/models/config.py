@@ -1,7 +1,8 @@
-"""Architecture hyper-parameters of the decoder, read from an HF ``config.json`` dict.
+"""Architecture hyper-parameters of the decoder, read from and written to an HF ``config.json`` dict.
 
 One frozen dataclass covers the Llama family (Llama 2/3/3.1, SmolLM2) and Qwen2/Qwen2.5: they differ
-only in q/k/v biases, a tied or separate output head and the RoPE frequency schedule.
+only in q/k/v biases, a tied or separate output head and the RoPE frequency schedule. The tensors each
+architecture has are declared in ``atp_jax.models.schema``.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
+from atp_jax.models.schema import SUPPORTED_ARCHITECTURES, schema_for
 
 
 class ConfigError(ValueError):
@@ -62,6 +63,21 @@ class ModelConfig:
         """Query heads per key/value head (grouped-query attention)."""
         return self.num_heads // self.num_kv_heads
 
+    @property
+    def q_dim(self) -> int:
+        """Width of all query heads together."""
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of all key (or value) heads together."""
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def untied_head(self) -> bool:
+        """The output head is a matrix of its own (not the token embeddings)."""
+        return not self.tie_word_embeddings
+
     @classmethod
     def from_hf(cls, hf: Mapping[str, Any], source: str = "config") -> ModelConfig:
         """Builds the config from an HF ``config.json`` dict; ``source`` names it in error messages."""
@@ -95,12 +111,41 @@ class ModelConfig:
                 rope_scaling=_parse_rope_scaling(hf, source),
                 rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
                 # Qwen2 always has q/k/v biases; Llama has them only when ``attention_bias`` says so.
-                attention_bias=bool(hf.get("attention_bias", model_type == "qwen2")),
+                attention_bias=bool(hf.get("attention_bias", schema_for(model_type).attention_bias_default)),
                 tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
                 max_position_embeddings=int(hf.get("max_position_embeddings", 4096)),
                 bos_token_id=hf.get("bos_token_id"),
                 eos_token_ids=tuple(int(e) for e in eos_ids),
         )
+
+    def to_hf(self) -> dict[str, Any]:
+        """The HF ``config.json`` dict of this config: ``ModelConfig.from_hf(config.to_hf()) == config``.
+
+        Written in the keys ``from_hf`` reads (``rope_theta`` and a ``rope_scaling`` dict, as transformers
+        4.x writes them; transformers 5 accepts them too), every optional field spelled out.
+        """
+        eos = self.eos_token_ids
+        return {
+                "model_type": self.architecture,
+                "vocab_size": self.vocab_size,
+                "hidden_size": self.hidden_size,
+                "intermediate_size": self.intermediate_size,
+                "num_hidden_layers": self.num_layers,
+                "num_attention_heads": self.num_heads,
+                "num_key_value_heads": self.num_kv_heads,
+                "head_dim": self.head_dim,
+                "rope_theta": self.rope_theta,
+                "rope_scaling": (
+                        None if self.rope_scaling is None
+                        else {"rope_type": "llama3", **dataclasses.asdict(self.rope_scaling)}
+                ),
+                "rms_norm_eps": self.rms_norm_eps,
+                "attention_bias": self.attention_bias,
+                "tie_word_embeddings": self.tie_word_embeddings,
+                "max_position_embeddings": self.max_position_embeddings,
+                "bos_token_id": self.bos_token_id,
+                "eos_token_id": None if not eos else (eos[0] if len(eos) == 1 else list(eos)),
+        }
 
 
 def _rope_parameters(hf: Mapping[str, Any]) -> Mapping[str, Any]:

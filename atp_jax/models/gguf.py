@@ -6,20 +6,23 @@ module turns those into what the rest of atp_jax expects, i.e. the Hugging Face 
 
 * :func:`read_gguf_config` -- an HF-style ``config.json`` dict (``hidden_size``, ``rope_theta``...).
 * :func:`iter_gguf_tensors` -- ``(hf_name, float32 array)`` pairs in HF ``(out, in)`` layout, one
-  tensor at a time, so a caller can copy each into a preallocated buffer and keep peak memory low.
+  tensor at a time; :func:`iter_gguf_row_blocks` the same in blocks of rows, so a caller can copy each
+  into a preallocated buffer and keep peak memory at the weights plus one block.
 * :func:`load_gguf_tokenizer` -- a ``transformers.PreTrainedTokenizerFast`` built with the
   ``tokenizers`` library from the vocabulary and merges stored in the file, with the chat template.
 
-Only the ``llama`` and ``qwen2`` architectures are supported; both are dense decoder-only models
-with the same tensor set (qwen2 adds q/k/v biases). Any file problem is reported at this edge as a
-``ValueError`` naming the file, never as a numpy/memmap error from deep inside the reader.
+The architectures and their tensor names are those of ``atp_jax.models.schema`` (``llama`` and
+``qwen2``: dense decoder-only models with the same tensor set; qwen2 adds q/k/v biases). Any file
+problem is reported at this edge as a ``ValueError`` naming the file, never as a numpy/memmap error
+from deep inside the reader.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import math
 import os
-import re
 import struct
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +31,9 @@ from typing import TYPE_CHECKING, Any
 import gguf
 import numpy as np
 
+from atp_jax.models.config import ModelConfig
+from atp_jax.models.schema import SUPPORTED_ARCHITECTURES, TensorSpec, schema_for
+
 if TYPE_CHECKING:
     from tokenizers import normalizers, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
@@ -35,12 +41,12 @@ if TYPE_CHECKING:
 __all__ = [
     "SUPPORTED_ARCHITECTURES",
     "SUPPORTED_PRE_TOKENIZERS",
-    "read_gguf_config",
+    "clear_cache",
+    "iter_gguf_row_blocks",
     "iter_gguf_tensors",
     "load_gguf_tokenizer",
+    "read_gguf_config",
 ]
-
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
 
 # Qwen2's pre-tokenization split, as published in Qwen's tokenizer.json. Unlike GPT-2's it keeps
 # every digit on its own (\p{N} without '+') and never glues a leading space to a letter run.
@@ -98,6 +104,12 @@ def _open(path: str | os.PathLike[str]) -> tuple[Path, gguf.GGUFReader]:
     if not path.is_file():
         raise ValueError(f"expected a GGUF file, got a directory or special file: {path}")
     return path, _open_cached(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+def clear_cache() -> None:
+    """Drops the parsed readers :func:`_open` keeps. Their metadata (a large vocabulary's tokens and merges
+    parse into hundreds of MB of objects) is needed for the config and the tokenizer, not for the weights."""
+    _open_cached.cache_clear()
 
 
 @functools.lru_cache(maxsize=2)
@@ -255,83 +267,19 @@ def read_gguf_config(path: str | os.PathLike[str]) -> dict[str, Any]:
 # Tensors
 # --------------------------------------------------------------------------------------------
 
-_GLOBAL_NAMES = {
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-}
-
-_BLOCK_NAMES = {
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-}
-
-_BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
-
-
-def _hf_name(gguf_name: str, config: dict[str, Any], path: Path) -> str:
-    if gguf_name in _GLOBAL_NAMES:
-        return _GLOBAL_NAMES[gguf_name]
-    match = _BLOCK_RE.fullmatch(gguf_name)
-    if match is None or match.group(2) not in _BLOCK_NAMES:
-        raise ValueError(
-            f"unexpected tensor {gguf_name!r} in {path}: not part of a {config['model_type']} model "
-            "as atp_jax reads it"
-        )
-    layer, part, kind = int(match.group(1)), match.group(2), match.group(3)
-    if layer >= config["num_hidden_layers"]:
-        raise ValueError(
-            f"tensor {gguf_name!r} in {path} belongs to layer {layer}, "
-            f"but the config has {config['num_hidden_layers']} layers"
-        )
-    return f"model.layers.{layer}.{_BLOCK_NAMES[part]}.{kind}"
-
-
-def _expected_shape(hf_name: str, config: dict[str, Any]) -> tuple[int, ...]:
-    """The HF (out, in) shape ``config`` implies for ``hf_name``."""
-    hidden, inter, vocab = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
-    q_dim = config["num_attention_heads"] * config["head_dim"]
-    kv_dim = config["num_key_value_heads"] * config["head_dim"]
-    if hf_name in ("model.embed_tokens.weight", "lm_head.weight"):
-        return (vocab, hidden)
-    if hf_name == "model.norm.weight":
-        return (hidden,)
-    stem, kind = hf_name.rsplit(".", 1)
-    module = stem.split(".", 3)[3]  # drop "model.layers.{i}."
-    out_in = {
-        "self_attn.q_proj": (q_dim, hidden),
-        "self_attn.k_proj": (kv_dim, hidden),
-        "self_attn.v_proj": (kv_dim, hidden),
-        "self_attn.o_proj": (hidden, q_dim),
-        "mlp.gate_proj": (inter, hidden),
-        "mlp.up_proj": (inter, hidden),
-        "mlp.down_proj": (hidden, inter),
-        "input_layernorm": (hidden,),
-        "post_attention_layernorm": (hidden,),
-    }[module]
-    return out_in[:1] if kind == "bias" else out_in
-
-
-def _unpermute_rotary(w: np.ndarray, n_heads: int, head_dim: int) -> np.ndarray:
-    """Undo llama.cpp's q/k row permutation for llama-architecture checkpoints.
+def _unpermute_rotary(w: np.ndarray, head_dim: int) -> np.ndarray:
+    """Undo llama.cpp's q/k row permutation for architectures whose schema says it interleaves them.
 
     llama.cpp's converter reorders each head's rows from HF's rotate_half layout (first half, second
     half) to interleaved pairs. Inverting it restores rows usable with HF-style RoPE; without this a
     llama model produces garbage (SmolLM2 emits only newlines).
 
     Args:
-        w: ``(n_heads * head_dim, in)`` weight or ``(n_heads * head_dim,)`` bias.
+        w: ``(n * head_dim, in)`` rows of whole heads of a weight, or ``(n * head_dim,)`` of a bias.
     Returns:
         Array of the same shape with rows reordered per head.
     """
-    return w.reshape(n_heads, head_dim // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    return w.reshape(-1, head_dim // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
 _CONFIG_KEYS_FOR_TENSORS = (
@@ -345,15 +293,19 @@ _CONFIG_KEYS_FOR_TENSORS = (
     "head_dim",
 )
 
+# Elements dequantized at a time. The dequantizer's temporaries are a few times its output, so
+# bounding the block bounds them; a whole embedding matrix at once would cost gigabytes.
+DEFAULT_BLOCK_ELEMENTS = 1 << 22
+
 
 def iter_gguf_tensors(
     path: str | os.PathLike[str], config: dict[str, Any]
 ) -> Iterator[tuple[str, np.ndarray]]:
     """Iterate ``(hf_name, array)`` over every tensor in the GGUF at ``path``, one at a time.
 
-    Each tensor is dequantized only when reached, so a caller that copies it into a preallocated
-    buffer and drops it holds one float32 tensor at a time (Qwen2.5-0.5B: about 5 GB peak instead of
-    8.5 GB for a dict of everything).
+    Each tensor is read and dequantized only when reached, in blocks of rows, so a caller that
+    copies it into a preallocated buffer and drops it holds one float32 tensor at a time. Loading
+    a model uses :func:`iter_gguf_row_blocks`, which never holds a whole tensor.
 
     Args:
         path: the GGUF file.
@@ -368,6 +320,46 @@ def iter_gguf_tensors(
             raised by this call), or, while iterating, a tensor this module does not know or whose
             shape differs from what ``config`` implies.
     """
+    path, tensors, model_config = _open_for_tensors(path, config)
+    return _whole_tensors(_iter_blocks(tensors, path, model_config, DEFAULT_BLOCK_ELEMENTS), model_config)
+
+
+def iter_gguf_row_blocks(
+    path: str | os.PathLike[str], config: dict[str, Any], block_elements: int = DEFAULT_BLOCK_ELEMENTS
+) -> Iterator[tuple[str, int, np.ndarray]]:
+    """Iterate ``(hf_name, start, rows)`` over every tensor in the GGUF at ``path``, in blocks of rows.
+
+    Like :func:`iter_gguf_tensors`, but each tensor comes as consecutive blocks of at most about
+    ``block_elements`` elements: ``rows`` is the float32 HF rows ``start .. start + len(rows)``.
+    Only the bytes of the block in hand are read (with file reads, not a memory map), so neither the
+    file nor a whole dequantized tensor is ever resident; memory stays at one block's worth. The
+    iterator holds no parsed reader: after this call, :func:`clear_cache` frees the file's metadata.
+    """
+    path, tensors, model_config = _open_for_tensors(path, config)
+    return _iter_blocks(tensors, path, model_config, block_elements)
+
+
+@dataclasses.dataclass(frozen=True)
+class _StoredTensor:
+    """Where one tensor lies in the file and how its bytes are laid out (rows first)."""
+
+    name: str
+    tensor_type: gguf.GGMLQuantizationType
+    shape: tuple[int, ...]  # GGUF order, innermost first
+    data_offset: int
+    n_bytes: int
+    stored_shape: tuple[int, ...]  # the reader's array shape: (rows, values or bytes per row), or (n,)
+    stored_dtype: np.dtype
+
+    @classmethod
+    def of(cls, tensor: gguf.ReaderTensor) -> _StoredTensor:
+        # ``tensor.data`` is a view of the file's memory map: only its shape and dtype are read, so its
+        # pages are never touched (they would count as resident memory).
+        return cls(tensor.name, tensor.tensor_type, tuple(int(d) for d in tensor.shape), int(tensor.data_offset),
+                   int(tensor.n_bytes), tuple(tensor.data.shape), tensor.data.dtype)
+
+
+def _open_for_tensors(path, config: dict[str, Any]) -> tuple[Path, tuple[_StoredTensor, ...], ModelConfig]:
     missing = [key for key in _CONFIG_KEYS_FOR_TENSORS if key not in config]
     if missing:
         raise ValueError(
@@ -380,38 +372,83 @@ def iter_gguf_tensors(
             f"config is for model_type {config['model_type']!r} but {path} is {arch!r}; "
             "pass read_gguf_config() of this same file"
         )
-    # A generator of its own, so the checks above fail at the call rather than at the first next().
-    return _iter_tensors(reader, path, config)
+    # The checks above fail at the call; the iterators are generators of their own, which start later.
+    return path, tuple(_StoredTensor.of(t) for t in reader.tensors), ModelConfig.from_hf(config, source=str(path))
 
 
-def _iter_tensors(
-    reader: gguf.GGUFReader, path: Path, config: dict[str, Any]
-) -> Iterator[tuple[str, np.ndarray]]:
-    arch = config["model_type"]
-    # llama.cpp permutes q/k only for the llama architecture; qwen2 tensors are stored as in HF.
-    permuted = arch == "llama"
-    for tensor in reader.tensors:
-        hf_name = _hf_name(tensor.name, config, path)
-        try:
-            array = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
-        except NotImplementedError as err:
-            raise ValueError(f"tensor {tensor.name!r} in {path}: {err}") from None
-        except _READER_ERRORS as err:
-            raise _corrupt(path, f"tensor {tensor.name!r}: {type(err).__name__}: {err}") from None
-        expected = _expected_shape(hf_name, config)
-        if array.shape != expected:
-            raise ValueError(
-                f"tensor {tensor.name!r} ({hf_name}) in {path} dequantizes to shape {array.shape}, "
-                f"but the config implies {expected}; the file and config disagree"
-            )
-        if permuted and (".self_attn.q_proj." in hf_name or ".self_attn.k_proj." in hf_name):
-            n_heads = config["num_attention_heads" if ".q_proj." in hf_name else "num_key_value_heads"]
-            array = _unpermute_rotary(array, n_heads, config["head_dim"])
-        # F32/F16 tensors come back as views of the read-only memmap; hand out an owned copy so
-        # callers may modify it and the file mapping is not pinned by a stray reference.
-        if np.may_share_memory(array, tensor.data) or array.dtype != np.float32:
-            array = np.array(array, dtype=np.float32, copy=True)
-        yield hf_name, array
+def _spec_of(tensor: _StoredTensor, config: ModelConfig, path: Path) -> tuple[TensorSpec, int | None]:
+    found = schema_for(config.architecture).find_gguf(tensor.name)
+    if found is None:
+        raise ValueError(
+            f"unexpected tensor {tensor.name!r} in {path}: not part of a {config.architecture} model "
+            "as atp_jax reads it"
+        )
+    spec, layer = found
+    if layer is not None and layer >= config.num_layers:
+        raise ValueError(
+            f"tensor {tensor.name!r} in {path} belongs to layer {layer}, "
+            f"but the config has {config.num_layers} layers"
+        )
+    shape = tensor.shape[::-1]  # GGUF lists dims innermost first
+    expected = spec.hf_shape(config)
+    if shape != expected:
+        raise ValueError(
+            f"tensor {tensor.name!r} ({spec.hf_name_of(layer)}) in {path} dequantizes to shape {shape}, "
+            f"but the config implies {expected}; the file and config disagree"
+        )
+    return spec, layer
+
+
+def _iter_blocks(
+    tensors: tuple[_StoredTensor, ...], path: Path, config: ModelConfig, block_elements: int
+) -> Iterator[tuple[str, int, np.ndarray]]:
+    interleaved = schema_for(config.architecture).gguf_rotary_interleaved
+    with open(path, "rb") as file:
+        for tensor in tensors:
+            spec, layer = _spec_of(tensor, config, path)
+            hf_name = spec.hf_name_of(layer)
+            unpermute = interleaved and spec.rotary
+            matrix = len(tensor.stored_shape) > 1
+            rows = tensor.stored_shape[0] if matrix else 1
+            row_bytes = tensor.n_bytes // rows
+            per_block = max(1, block_elements // math.prod(spec.hf_shape(config)[1:]))
+            if unpermute:  # whole heads only: the permutation runs within each head
+                per_block = max(config.head_dim, per_block // config.head_dim * config.head_dim)
+            for start in range(0, rows, per_block):
+                count = min(per_block, rows - start)
+                raw = np.empty(count * row_bytes, np.uint8)
+                file.seek(tensor.data_offset + start * row_bytes)
+                if file.readinto(memoryview(raw)) != raw.size:
+                    raise _corrupt(path, f"tensor {tensor.name!r}: short read")
+                stored = raw.view(tensor.stored_dtype).reshape(
+                    (count, *tensor.stored_shape[1:]) if matrix else tensor.stored_shape
+                )
+                try:
+                    array = gguf.quants.dequantize(stored, tensor.tensor_type)
+                except NotImplementedError as err:
+                    raise ValueError(f"tensor {tensor.name!r} in {path}: {err}") from None
+                except _READER_ERRORS as err:
+                    raise _corrupt(path, f"tensor {tensor.name!r}: {type(err).__name__}: {err}") from None
+                if unpermute:
+                    array = _unpermute_rotary(array, config.head_dim)
+                if array.dtype != np.float32:
+                    array = array.astype(np.float32)
+                yield hf_name, start, array
+
+
+def _whole_tensors(blocks, config: ModelConfig) -> Iterator[tuple[str, np.ndarray]]:
+    """Joins the row blocks of each tensor into one writable float32 array."""
+    current, whole = None, None
+    for hf_name, start, rows in blocks:
+        if hf_name != current:
+            if whole is not None:
+                yield current, whole
+            current = hf_name
+            spec, _ = schema_for(config.architecture).find_hf(hf_name)
+            whole = np.empty(spec.hf_shape(config), np.float32)
+        whole[start:start + len(rows)] = rows
+    if whole is not None:
+        yield current, whole
 
 
 # --------------------------------------------------------------------------------------------

@@ -79,8 +79,10 @@ def load_model(
     if path.is_file() and path.suffix == ".gguf":
         hf_config = gguf.read_gguf_config(path)
         config = ModelConfig.from_hf(hf_config, source=str(path))
-        model = params.build_model(config, gguf.iter_gguf_tensors(path, hf_config), dtype, source=str(path))
         tokenizer = replacement or gguf.load_gguf_tokenizer(path)
+        blocks = gguf.iter_gguf_row_blocks(path, hf_config)
+        gguf.clear_cache()  # the parsed metadata is done with: free it before the weights arrive
+        model = params.build_model_from_blocks(config, blocks, dtype, source=str(path))
     elif path.is_dir():
         config_file = path / "config.json"
         if not config_file.exists():

@@ -19,6 +19,7 @@ import numpy as np
 from flax import nnx
 
 from atp_jax.models.config import ModelConfig, rope_inverse_frequencies
+from atp_jax.models.schema import TensorSpec, schema_for
 
 
 class KVCache(NamedTuple):
@@ -40,32 +41,26 @@ class DecoderOutput(NamedTuple):
     attentions: jax.Array | None  # [L, B, H, S, T] float32 attention probabilities when requested
 
 
-def _param(shape, dtype, rngs: nnx.Rngs, scale: float | None = 0.02):
-    """A normally initialised parameter (ones when ``scale`` is None, for norm weights)."""
-    if scale is None:
+def _schema_param(spec: TensorSpec, config: ModelConfig, dtype, rngs: nnx.Rngs) -> nnx.Param:
+    """The parameter ``spec`` describes, randomly initialised: N(0, 0.02²), or ones for norm weights."""
+    shape = spec.model_shape(config)
+    if spec.init == "ones":
         return nnx.Param(jnp.ones(shape, dtype))
-    return nnx.Param((scale * jax.random.normal(rngs.params(), shape)).astype(dtype))
+    return nnx.Param((0.02 * jax.random.normal(rngs.params(), shape)).astype(dtype))
 
 
 class LayerStack(nnx.Module):
-    """All decoder layers' weights stacked on a leading [L] axis, kernels stored as (in, out)."""
+    """All decoder layers' weights stacked on a leading [L] axis, kernels stored as (in, out).
+
+    The parameters and their shapes are the per-layer tensors of the architecture's schema
+    (``atp_jax.models.schema``): ``attn_norm``, ``q_proj``/``k_proj``/``v_proj`` (+ ``*_bias``), ``o_proj``,
+    ``mlp_norm``, ``gate_proj``, ``up_proj``, ``down_proj``.
+    """
 
     def __init__(self, c: ModelConfig, dtype, rngs: nnx.Rngs):
-        L, D, F = c.num_layers, c.hidden_size, c.intermediate_size
-        q_dim, kv_dim = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-        self.attn_norm = _param((L, D), dtype, rngs, None)
-        self.q_proj = _param((L, D, q_dim), dtype, rngs)
-        self.k_proj = _param((L, D, kv_dim), dtype, rngs)
-        self.v_proj = _param((L, D, kv_dim), dtype, rngs)
-        if c.attention_bias:
-            self.q_bias = _param((L, q_dim), dtype, rngs)
-            self.k_bias = _param((L, kv_dim), dtype, rngs)
-            self.v_bias = _param((L, kv_dim), dtype, rngs)
-        self.o_proj = _param((L, q_dim, D), dtype, rngs)
-        self.mlp_norm = _param((L, D), dtype, rngs, None)
-        self.gate_proj = _param((L, D, F), dtype, rngs)
-        self.up_proj = _param((L, D, F), dtype, rngs)
-        self.down_proj = _param((L, F, D), dtype, rngs)
+        for spec in schema_for(c.architecture).tensors_for(c):
+            if spec.per_layer:
+                setattr(self, spec.attribute, _schema_param(spec, c, dtype, rngs))
 
     def weights(self) -> dict[str, jax.Array]:
         return {name: value for name, value in nnx.to_pure_dict(nnx.state(self)).items()}
@@ -116,11 +111,13 @@ class Transformer(nnx.Module):
     def __init__(self, config: ModelConfig, *, dtype=jnp.float32, rngs: nnx.Rngs):
         self.config = config
         self.dtype = dtype
-        self.embed_tokens = _param((config.vocab_size, config.hidden_size), dtype, rngs)
+        # Global tensors of the schema: the embeddings, then (after the layers) the final norm and an
+        # untied head. Drawing them in schema order keeps seeded random models as they were.
+        specs = {s.field: s for s in schema_for(config.architecture).tensors_for(config) if not s.per_layer}
+        self.embed_tokens = _schema_param(specs.pop("embed_tokens"), config, dtype, rngs)
         self.layers = LayerStack(config, dtype, rngs)
-        self.final_norm = _param((config.hidden_size,), dtype, rngs, None)
-        if not config.tie_word_embeddings:
-            self.lm_head = _param((config.hidden_size, config.vocab_size), dtype, rngs)
+        for spec in specs.values():
+            setattr(self, spec.attribute, _schema_param(spec, config, dtype, rngs))
 
     def embed(self, token_ids):
         """Token-embedding lookup: int ``[...]`` -> ``[..., D]`` in the parameter dtype."""

