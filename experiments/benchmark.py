@@ -35,7 +35,8 @@ ATTACK_VARIANTS = ("atp_steps", "attack_example")  # these build a text prompt, 
 MATMUL_SIZES = (2048, 4096)
 
 _MODEL = flags.DEFINE_string(
-    "model", atp_jax.DEFAULT_MODEL,
+    "model",
+    atp_jax.DEFAULT_MODEL,
     "Zoo name, HF model directory, .gguf file or config:<architecture> (random weights).",
 )
 _VARIANTS = flags.DEFINE_list("variants", list(VARIANTS), f"Variants to run: {', '.join(VARIANTS)}.")
@@ -160,8 +161,10 @@ def _torch_model(loaded, device, dtype):
     unexpected = sorted(set(weights) - set(targets))
     missing = sorted(set(targets) - set(weights))
     if unexpected or missing:
-        raise ValueError(f"{loaded.name}: transformers' {type(model).__name__} has other parameters than the JAX "
-                         f"model (not in torch: {unexpected[:5]}; not in JAX: {missing[:5]})")
+        raise ValueError(
+            f"{loaded.name}: transformers' {type(model).__name__} has other parameters than the JAX "
+            f"model (not in torch: {unexpected[:5]}; not in JAX: {missing[:5]})"
+        )
     with torch.no_grad():
         for name, array in weights.items():
             # Through float32: torch accepts no numpy bfloat16; copy_ casts to the parameter's dtype.
@@ -238,8 +241,8 @@ def _attack_step_variants(loaded, example):
         for steps in (1, 5):
             cfg = dataclasses.replace(base, n_attack=steps, restarts=restarts, hungarian=hungarian)
             keys = jax.random.split(jax.random.key(0), restarts)
-            variants[f"{name}_{steps}steps"] = (
-                lambda cfg=cfg, keys=keys: jax.block_until_ready(run_atp(loaded.model, problem.tensors, keys, cfg))
+            variants[f"{name}_{steps}steps"] = lambda cfg=cfg, keys=keys: jax.block_until_ready(
+                run_atp(loaded.model, problem.tensors, keys, cfg)
             )
     return variants, ids, targets
 
@@ -329,12 +332,17 @@ def main(argv):
         selected = [v for v in selected if v not in ATTACK_VARIANTS]
     rng = np.random.default_rng(0)
     ids = jnp.asarray(rng.integers(0, loaded.config.vocab_size, (1, _TOKENS.value)), jnp.int32)
-    targets = ids[:, -_ANSWER_TOKENS.value:]
+    targets = ids[:, -_ANSWER_TOKENS.value :]
 
     figures = {
-        "model": loaded.name, "source": loaded.source, "dtype": _DTYPE.value, "tokens": _TOKENS.value,
-        "answer_tokens": _ANSWER_TOKENS.value, "devices": str(jax.devices()),
-        "load_s": round(loaded.load_seconds, 2), "peak_rss_after_load_gib": round(peak_rss_gib, 2),
+        "model": loaded.name,
+        "source": loaded.source,
+        "dtype": _DTYPE.value,
+        "tokens": _TOKENS.value,
+        "answer_tokens": _ANSWER_TOKENS.value,
+        "devices": str(jax.devices()),
+        "load_s": round(loaded.load_seconds, 2),
+        "peak_rss_after_load_gib": round(peak_rss_gib, 2),
     }
     variants, matmul_flops = {}, {}
     variants.update({n: run for n, run in _jax_variants(loaded.model, ids, targets).items() if n in selected})
@@ -355,8 +363,9 @@ def main(argv):
             variants.update(more)
             figures["attack_prompt_tokens"] = prompt_ids.shape[1]
             if torch_selected:  # torch doing one step's work on the attack prompt: the comparison users make
-                more, _, _ = _torch_variants(loaded, prompt_ids, answer_ids, torch_selected, torch_model,
-                                             job="prompt_fwd_bwd")
+                more, _, _ = _torch_variants(
+                    loaded, prompt_ids, answer_ids, torch_selected, torch_model, job="prompt_fwd_bwd"
+                )
                 variants.update(more)
         if "attack_example" in selected:
             variants.update(_attack_example_variants(loaded, example, ids))

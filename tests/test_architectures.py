@@ -61,16 +61,28 @@ def test_unknown_name_lists_the_known_ones():
         atp_jax.load_model("config:llama-9")
 
 
-@pytest.mark.parametrize(("name", "zoo_name"), [("smollm2-135m", "smollm2-135m-instruct"),
-                                                ("qwen2.5-0.5b", "qwen2.5-coder-0.5b-instruct")])
+@pytest.mark.parametrize(
+    ("name", "zoo_name"), [("smollm2-135m", "smollm2-135m-instruct"), ("qwen2.5-0.5b", "qwen2.5-coder-0.5b-instruct")]
+)
 def test_shapes_agree_with_the_zoo_checkpoint_of_the_same_architecture(name, zoo_name):
     try:
         real = ModelConfig.from_hf(gguf.read_gguf_config(zoo.resolve(zoo_name)))
     except zoo.ZooError as e:
         pytest.skip(f"zoo model unavailable: {e}")
     table = architectures.model_config(name)
-    fields = ("architecture", "vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
-              "num_kv_heads", "head_dim", "rope_theta", "rms_norm_eps", "attention_bias")
+    fields = (
+        "architecture",
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_layers",
+        "num_heads",
+        "num_kv_heads",
+        "head_dim",
+        "rope_theta",
+        "rms_norm_eps",
+        "attention_bias",
+    )
     assert {f: getattr(table, f) for f in fields} == {f: getattr(real, f) for f in fields}
 
 
@@ -126,8 +138,9 @@ def test_transformers_reads_to_hf_as_meant(name):
 
 
 # Parsing a Qwen vocabulary takes seconds (see test_gguf), so those are slow.
-@pytest.mark.parametrize("name", [pytest.param(n, marks=[pytest.mark.slow] if n.startswith("qwen") else [])
-                                  for n in zoo.list_models()])
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=[pytest.mark.slow] if n.startswith("qwen") else []) for n in zoo.list_models()]
+)
 def test_to_hf_inverts_from_hf_for_every_zoo_model(name):
     try:
         path = zoo.resolve(name)

@@ -140,9 +140,7 @@ def test_tokenizer_ids_match_transformers(tokenizer_pair, text):
 def test_chat_template_matches_transformers(tokenizer_pair, messages, add_generation_prompt):
     ours, reference = tokenizer_pair
     text = ours.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
-    assert text == reference.apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=add_generation_prompt
-    )
+    assert text == reference.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
     assert ours(text).input_ids == reference(text).input_ids
     # Both templates supply a default system turn and write their own markers: no BOS is added.
     assert text.startswith("<|im_start|>system\n")
@@ -183,9 +181,7 @@ def test_smollm2_tensors_match_transformers(smol_path):
     try:
         import accelerate  # noqa: F401
     except ImportError:
-        pytest.fail(
-            "transformers loads GGUF models only with `accelerate` installed; add it to the dev extras"
-        )
+        pytest.fail("transformers loads GGUF models only with `accelerate` installed; add it to the dev extras")
     from transformers import AutoModelForCausalLM
 
     config = gguf_io.read_gguf_config(smol_path)
@@ -195,9 +191,7 @@ def test_smollm2_tensors_match_transformers(smol_path):
         assert array.dtype == np.float32 and array.flags.writeable, name
         ours[name] = array
 
-    model = AutoModelForCausalLM.from_pretrained(
-        str(smol_path.parent), gguf_file=smol_path.name, dtype=torch.float32
-    )
+    model = AutoModelForCausalLM.from_pretrained(str(smol_path.parent), gguf_file=smol_path.name, dtype=torch.float32)
     reference = {k: v.detach().numpy() for k, v in model.state_dict().items()}
     # SmolLM2 ties lm_head to the embedding, so only transformers lists it.
     assert set(reference) - set(ours) == {"lm_head.weight"}
@@ -217,9 +211,7 @@ def test_iter_gguf_tensors_rejects_config_of_another_file(smol_path):
 # --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "keep_bytes", [200, 3_000_000, 60_000_000], ids=["header", "metadata", "tensor-data"]
-)
+@pytest.mark.parametrize("keep_bytes", [200, 3_000_000, 60_000_000], ids=["header", "metadata", "tensor-data"])
 def test_truncated_file_is_reported(smol_path, tmp_path, keep_bytes):
     damaged = tmp_path / "truncated.gguf"
     with open(smol_path, "rb") as src, open(damaged, "wb") as dst:
@@ -259,9 +251,7 @@ def test_missing_file_is_reported(tmp_path):
 TINY = {"hidden": 8, "heads": 2, "kv_heads": 1, "ffn": 16, "vocab": 4}
 
 
-def _write_tiny_gguf(
-    path: Path, arch: str = "llama", *, skip: tuple[str, ...] = (), tensors=None, **tokenizer
-):
+def _write_tiny_gguf(path: Path, arch: str = "llama", *, skip: tuple[str, ...] = (), tensors=None, **tokenizer):
     """A one-layer GGUF with random F32 tensors in HF (out, in) shapes; keys in ``skip`` omitted."""
     hidden, heads, kv_heads, ffn, vocab = (
         TINY["hidden"],
@@ -311,9 +301,7 @@ def _write_tiny_gguf(
 
 def test_unsupported_architecture(tmp_path):
     path = _write_tiny_gguf(tmp_path / "falcon.gguf", arch="falcon")
-    with pytest.raises(
-        ValueError, match=r"unsupported architecture falcon in .*falcon\.gguf; supported: llama, qwen2"
-    ):
+    with pytest.raises(ValueError, match=r"unsupported architecture falcon in .*falcon\.gguf; supported: llama, qwen2"):
         gguf_io.read_gguf_config(path)
 
 
@@ -352,7 +340,11 @@ def test_row_blocks_are_whole_heads_in_order(tmp_path):
     q_name = "model.layers.0.self_attn.q_proj.weight"
     assert [(start, len(rows)) for name, start, rows in blocks if name == q_name] == [(0, 4), (4, 4)]
     assert [(start, len(rows)) for name, start, rows in blocks if name == "model.embed_tokens.weight"] == [
-        (0, 1), (1, 1), (2, 1), (3, 1)]
+        (0, 1),
+        (1, 1),
+        (2, 1),
+        (3, 1),
+    ]
     for name, array in whole.items():
         joined = np.concatenate([rows for n, _, rows in blocks if n == name])
         np.testing.assert_array_equal(joined, array, err_msg=name)
@@ -374,9 +366,7 @@ def test_small_row_blocks_of_a_quantized_file_equal_whole_tensors(smol_path):
 def test_tensor_shape_disagreeing_with_config(tmp_path):
     path = _write_tiny_gguf(tmp_path / "tiny.gguf")
     config = dict(gguf_io.read_gguf_config(path), hidden_size=16)
-    with pytest.raises(
-        ValueError, match=r"'token_embd.weight' .* shape \(4, 8\), but the config implies \(4, 16\)"
-    ):
+    with pytest.raises(ValueError, match=r"'token_embd.weight' .* shape \(4, 8\), but the config implies \(4, 16\)"):
         list(gguf_io.iter_gguf_tensors(path, config))
 
 
@@ -405,7 +395,5 @@ def test_tokenizer_honours_add_bos_token(tmp_path):
 
 def test_tokenizer_rejects_unknown_pre_tokenizer(tmp_path):
     path = _write_tiny_gguf(tmp_path / "pre.gguf", pre="mystery", **TINY_VOCAB)
-    with pytest.raises(
-        ValueError, match=r"unsupported tokenizer.ggml.pre 'mystery' .*supported: qwen2, smollm"
-    ):
+    with pytest.raises(ValueError, match=r"unsupported tokenizer.ggml.pre 'mystery' .*supported: qwen2, smollm"):
         gguf_io.load_gguf_tokenizer(path)

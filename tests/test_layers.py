@@ -33,10 +33,23 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def _runtime_nodes(tree: ast.AST):
+    """Every node but those under ``if TYPE_CHECKING:`` (annotations only: never imported at run time)."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        yield node
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                stack.extend(child.orelse)
+            else:
+                stack.append(child)
+
+
 def _imports(path: Path) -> set[str]:
     tree = ast.parse(path.read_text(), filename=str(path))
     found = set()
-    for node in ast.walk(tree):
+    for node in _runtime_nodes(tree):
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names if alias.name.startswith("atp_jax")}
         elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("atp_jax"):
@@ -107,5 +120,8 @@ def test_the_checks_catch_what_they_look_for(tmp_path):
     ]
     assert _cycles({"atp_jax.a": {"atp_jax.b"}, "atp_jax.b": {"atp_jax.a"}}) == ["atp_jax.a -> atp_jax.b -> atp_jax.a"]
     lazy = tmp_path / "lazy.py"
-    lazy.write_text("def f():\n    from atp_jax.runs import report\n")
-    assert _imports(lazy) == {"atp_jax.runs.report"}
+    lazy.write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import atp_jax.eval\n"
+        "def f():\n    from atp_jax.runs import report\n"
+    )
+    assert _imports(lazy) == {"atp_jax.runs.report"}  # the annotation-only import is not a dependency

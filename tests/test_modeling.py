@@ -174,8 +174,14 @@ def test_missing_and_unexpected_tensors_are_named(pair, tmp_path):
 
 
 def test_config_errors_name_the_problem():
-    base = dict(model_type="llama", vocab_size=10, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
-                num_attention_heads=2)
+    base = dict(
+        model_type="llama",
+        vocab_size=10,
+        hidden_size=8,
+        intermediate_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+    )
     with pytest.raises(ConfigError, match="unsupported architecture.*gpt2"):
         ModelConfig.from_hf({**base, "model_type": "gpt2"})
     with pytest.raises(ConfigError, match="missing required key 'vocab_size'"):

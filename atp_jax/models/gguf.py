@@ -129,9 +129,7 @@ def _open_cached(resolved: str, size: int, mtime_ns: int) -> gguf.GGUFReader:
     for tensor in reader.tensors:
         end = int(tensor.data_offset) + int(tensor.n_bytes)
         if end > size:
-            raise _corrupt(
-                path, f"tensor {tensor.name!r} ends at byte {end:,} but the file is only {size:,} bytes"
-            )
+            raise _corrupt(path, f"tensor {tensor.name!r} ends at byte {end:,} but the file is only {size:,} bytes")
     return reader
 
 
@@ -196,9 +194,7 @@ def _rope_scaling(reader: gguf.GGUFReader, arch: str, path: Path) -> dict[str, A
 def _config_from_reader(reader: gguf.GGUFReader, path: Path) -> dict[str, Any]:
     arch = _meta(reader, "general.architecture", path)
     if arch not in SUPPORTED_ARCHITECTURES:
-        raise ValueError(
-            f"unsupported architecture {arch} in {path}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
-        )
+        raise ValueError(f"unsupported architecture {arch} in {path}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
     tensors = {t.name: t for t in reader.tensors}
 
     hidden = int(_meta(reader, f"{arch}.embedding_length", path))
@@ -267,6 +263,7 @@ def read_gguf_config(path: str | os.PathLike[str]) -> dict[str, Any]:
 # Tensors
 # --------------------------------------------------------------------------------------------
 
+
 def _unpermute_rotary(w: np.ndarray, head_dim: int) -> np.ndarray:
     """Undo llama.cpp's q/k row permutation for architectures whose schema says it interleaves them.
 
@@ -298,9 +295,7 @@ _CONFIG_KEYS_FOR_TENSORS = (
 DEFAULT_BLOCK_ELEMENTS = 1 << 22
 
 
-def iter_gguf_tensors(
-    path: str | os.PathLike[str], config: dict[str, Any]
-) -> Iterator[tuple[str, np.ndarray]]:
+def iter_gguf_tensors(path: str | os.PathLike[str], config: dict[str, Any]) -> Iterator[tuple[str, np.ndarray]]:
     """Iterate ``(hf_name, array)`` over every tensor in the GGUF at ``path``, one at a time.
 
     Each tensor is read and dequantized only when reached, in blocks of rows, so a caller that
@@ -355,16 +350,21 @@ class _StoredTensor:
     def of(cls, tensor: gguf.ReaderTensor) -> _StoredTensor:
         # ``tensor.data`` is a view of the file's memory map: only its shape and dtype are read, so its
         # pages are never touched (they would count as resident memory).
-        return cls(tensor.name, tensor.tensor_type, tuple(int(d) for d in tensor.shape), int(tensor.data_offset),
-                   int(tensor.n_bytes), tuple(tensor.data.shape), tensor.data.dtype)
+        return cls(
+            tensor.name,
+            tensor.tensor_type,
+            tuple(int(d) for d in tensor.shape),
+            int(tensor.data_offset),
+            int(tensor.n_bytes),
+            tuple(tensor.data.shape),
+            tensor.data.dtype,
+        )
 
 
 def _open_for_tensors(path, config: dict[str, Any]) -> tuple[Path, tuple[_StoredTensor, ...], ModelConfig]:
     missing = [key for key in _CONFIG_KEYS_FOR_TENSORS if key not in config]
     if missing:
-        raise ValueError(
-            f"config is missing {missing}; pass the dict returned by read_gguf_config({str(path)!r})"
-        )
+        raise ValueError(f"config is missing {missing}; pass the dict returned by read_gguf_config({str(path)!r})")
     path, reader = _open(path)
     arch = _meta(reader, "general.architecture", path)
     if arch != config["model_type"]:
@@ -386,8 +386,7 @@ def _spec_of(tensor: _StoredTensor, config: ModelConfig, path: Path) -> tuple[Te
     spec, layer = found
     if layer is not None and layer >= config.num_layers:
         raise ValueError(
-            f"tensor {tensor.name!r} in {path} belongs to layer {layer}, "
-            f"but the config has {config.num_layers} layers"
+            f"tensor {tensor.name!r} in {path} belongs to layer {layer}, but the config has {config.num_layers} layers"
         )
     shape = tensor.shape[::-1]  # GGUF lists dims innermost first
     expected = spec.hf_shape(config)
@@ -446,7 +445,7 @@ def _whole_tensors(blocks, config: ModelConfig) -> Iterator[tuple[str, np.ndarra
             current = hf_name
             spec, _ = schema_for(config.architecture).find_hf(hf_name)
             whole = np.empty(spec.hf_shape(config), np.float32)
-        whole[start:start + len(rows)] = rows
+        whole[start : start + len(rows)] = rows
     if whole is not None:
         yield current, whole
 
@@ -456,9 +455,7 @@ def _whole_tensors(blocks, config: ModelConfig) -> Iterator[tuple[str, np.ndarra
 # --------------------------------------------------------------------------------------------
 
 
-def _pre_tokenization(
-    pre: str, path: Path
-) -> tuple[normalizers.Normalizer | None, pre_tokenizers.PreTokenizer]:
+def _pre_tokenization(pre: str, path: Path) -> tuple[normalizers.Normalizer | None, pre_tokenizers.PreTokenizer]:
     """(normalizer, pre_tokenizer) reproducing the published tokenizer.json of each family."""
     from tokenizers import Regex, normalizers, pre_tokenizers
 
@@ -512,9 +509,7 @@ def load_gguf_tokenizer(path: str | os.PathLike[str]) -> PreTrainedTokenizerFast
     for merge in _meta(reader, "tokenizer.ggml.merges", path):
         pair = merge.split(" ")
         if len(pair) != 2:
-            raise ValueError(
-                f"malformed merge {merge!r} in {path}: expected two tokens separated by one space"
-            )
+            raise ValueError(f"malformed merge {merge!r} in {path}: expected two tokens separated by one space")
         merges.append((pair[0], pair[1]))
     # Files without token types mark nothing special; 1 is llama.cpp's NORMAL.
     token_types = _meta(reader, "tokenizer.ggml.token_type", path, None) or [1] * len(tokens)
@@ -530,9 +525,7 @@ def load_gguf_tokenizer(path: str | os.PathLike[str]) -> PreTrainedTokenizerFast
 
     # normalized=False: these markers must match the raw text, before NFC or byte-level mapping.
     control = [t for t, kind in zip(tokens, token_types, strict=True) if kind == _TOKEN_TYPE_CONTROL]
-    user_defined = [
-        t for t, kind in zip(tokens, token_types, strict=True) if kind == _TOKEN_TYPE_USER_DEFINED
-    ]
+    user_defined = [t for t, kind in zip(tokens, token_types, strict=True) if kind == _TOKEN_TYPE_USER_DEFINED]
     backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in control])
     backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in user_defined])
 
@@ -541,9 +534,7 @@ def load_gguf_tokenizer(path: str | os.PathLike[str]) -> PreTrainedTokenizerFast
         if index is None:
             return None
         if not 0 <= index < len(tokens):
-            raise ValueError(
-                f"tokenizer.ggml.{key} = {index} in {path} is outside the {len(tokens)}-token vocabulary"
-            )
+            raise ValueError(f"tokenizer.ggml.{key} = {index} in {path} is outside the {len(tokens)}-token vocabulary")
         return tokens[index]
 
     bos, eos = token("bos_token_id"), token("eos_token_id")

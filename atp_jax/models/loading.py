@@ -49,9 +49,7 @@ class LoadedModel:
         return tuple(sorted(ids))
 
 
-def load_model(
-    spec: str | Path = DEFAULT_MODEL, dtype=jnp.float32, tokenizer: str | Path | None = None
-) -> LoadedModel:
+def load_model(spec: str | Path = DEFAULT_MODEL, dtype=jnp.float32, tokenizer: str | Path | None = None) -> LoadedModel:
     """Loads a model by zoo name (see ``atp_jax.models.zoo.list_models()``), HF directory or GGUF path.
 
     ``config:<name>`` (see ``atp_jax.models.architectures.list_architectures()``) builds that
@@ -107,20 +105,25 @@ def _random_weights_model(spec: str, dtype, start: float, replacement, tokenizer
     (offline, not cached) the model comes without a tokenizer: forward/backward timings on token ids
     still work, text prompts do not. A ``replacement`` tokenizer (loaded from ``tokenizer_dir``) skips the zoo.
     """
-    name = spec[len(architectures.CONFIG_PREFIX):]
+    name = spec[len(architectures.CONFIG_PREFIX) :]
     config = architectures.model_config(name)
     if replacement is not None:  # checked before the (slow) random initialisation
         tokenizer, tokenizer_model = replacement, str(tokenizer_dir)
         if len(tokenizer) > config.vocab_size:
-            raise ValueError(f"{tokenizer_dir}: its {len(tokenizer)} tokens do not fit {spec}'s vocabulary of "
-                             f"{config.vocab_size}; use a tokenizer of the same family")
+            raise ValueError(
+                f"{tokenizer_dir}: its {len(tokenizer)} tokens do not fit {spec}'s vocabulary of "
+                f"{config.vocab_size}; use a tokenizer of the same family"
+            )
     else:
         tokenizer, tokenizer_model = None, architectures.FAMILY_TOKENIZER[config.architecture]
         try:
             tokenizer = gguf.load_gguf_tokenizer(zoo.resolve(tokenizer_model))
         except zoo.ZooError as e:
-            warnings.warn(f"{spec}: no tokenizer (zoo model {tokenizer_model!r} unavailable: {e}); "
-                          "pass tokenizer=<HF tokenizer directory>", stacklevel=3)
+            warnings.warn(
+                f"{spec}: no tokenizer (zoo model {tokenizer_model!r} unavailable: {e}); "
+                "pass tokenizer=<HF tokenizer directory>",
+                stacklevel=3,
+            )
     model = random_model(config, seed=0, dtype=dtype)
     source = f"{spec} (random weights, seed 0; tokenizer of {tokenizer_model if tokenizer else 'none'})"
     return LoadedModel(spec, config, model, tokenizer, source, time.perf_counter() - start)
@@ -133,4 +136,3 @@ def _hf_tokenizer(path: Path):
         return AutoTokenizer.from_pretrained(str(path))
     except Exception as e:  # transformers raises many types for a missing/broken tokenizer
         raise ValueError(f"{path}: could not load a tokenizer from the directory ({type(e).__name__}: {e})") from e
-

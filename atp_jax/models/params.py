@@ -60,8 +60,9 @@ def _whole_tensors(config: ModelConfig, tensors: Iterable[tuple[str, np.ndarray]
     for name, array in tensors:
         found = _find(name, config)
         if found is not None and found[0].present(config) and array.shape != found[0].hf_shape(config):
-            raise WeightsError(f"{source}: tensor {name!r} has shape {array.shape}, config implies "
-                               f"{found[0].hf_shape(config)}")
+            raise WeightsError(
+                f"{source}: tensor {name!r} has shape {array.shape}, config implies {found[0].hf_shape(config)}"
+            )
         yield RowBlock(name, 0, array)
 
 
@@ -107,12 +108,16 @@ def build_model_from_blocks(
             in_flight.block_until_ready()
         # Transposed and cast on the host, where numpy does it in one pass over the block.
         value = np.ascontiguousarray(array.T if spec.transpose else array, dtype=np_dtype)
-        buffers[spec.field] = in_flight = _write(buffers[spec.field], value, slot, start,
-                                                 per_layer=spec.per_layer, rows_last=spec.transpose)
+        buffers[spec.field] = in_flight = _write(
+            buffers[spec.field], value, slot, start, per_layer=spec.per_layer, rows_last=spec.transpose
+        )
         received[spec.field][slot] += array.shape[0]
 
-    missing = [f"{field}[{i}]" if specs[field].per_layer else field
-               for field, rows in received.items() for i in np.flatnonzero(rows < specs[field].hf_shape(config)[0])]
+    missing = [
+        f"{field}[{i}]" if specs[field].per_layer else field
+        for field, rows in received.items()
+        for i in np.flatnonzero(rows < specs[field].hf_shape(config)[0])
+    ]
     if missing:
         more = " …" if len(missing) > 8 else ""
         raise WeightsError(f"{source}: missing tensors for {', '.join(missing[:8])}{more}")
@@ -205,5 +210,5 @@ def iter_safetensors(model_dir: Path) -> Iterator[tuple[str, np.ndarray]]:
     for file in files:
         # The "flax" framework reads bfloat16 too; numpy's backend cannot.
         with safe_open(str(file), framework="flax") as f:
-            for name in f.keys():
+            for name in f.keys():  # noqa: SIM118 (a safetensors handle, not a dict: it has no __iter__)
                 yield name, np.asarray(jax.device_get(f.get_tensor(name)))

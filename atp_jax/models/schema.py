@@ -155,26 +155,32 @@ def _block(hf: str, gguf: str, attribute: str, shape: tuple[str, ...], **kwargs)
 _LLAMA_LIKE_TENSORS = (
     TensorSpec("model.embed_tokens.weight", "token_embd.weight", "embed_tokens", ("vocab_size", "hidden_size")),
     _block("input_layernorm.weight", "attn_norm.weight", "attn_norm", ("hidden_size",), init="ones"),
-    _block("self_attn.q_proj.weight", "attn_q.weight", "q_proj", ("q_dim", "hidden_size"), transpose=True,
-           rotary=True),
-    _block("self_attn.k_proj.weight", "attn_k.weight", "k_proj", ("kv_dim", "hidden_size"), transpose=True,
-           rotary=True),
+    _block("self_attn.q_proj.weight", "attn_q.weight", "q_proj", ("q_dim", "hidden_size"), transpose=True, rotary=True),
+    _block(
+        "self_attn.k_proj.weight", "attn_k.weight", "k_proj", ("kv_dim", "hidden_size"), transpose=True, rotary=True
+    ),
     _block("self_attn.v_proj.weight", "attn_v.weight", "v_proj", ("kv_dim", "hidden_size"), transpose=True),
-    _block("self_attn.q_proj.bias", "attn_q.bias", "q_bias", ("q_dim",), present_if="attention_bias",
-           rotary=True),
-    _block("self_attn.k_proj.bias", "attn_k.bias", "k_bias", ("kv_dim",), present_if="attention_bias",
-           rotary=True),
+    _block("self_attn.q_proj.bias", "attn_q.bias", "q_bias", ("q_dim",), present_if="attention_bias", rotary=True),
+    _block("self_attn.k_proj.bias", "attn_k.bias", "k_bias", ("kv_dim",), present_if="attention_bias", rotary=True),
     _block("self_attn.v_proj.bias", "attn_v.bias", "v_bias", ("kv_dim",), present_if="attention_bias"),
     _block("self_attn.o_proj.weight", "attn_output.weight", "o_proj", ("hidden_size", "q_dim"), transpose=True),
     _block("post_attention_layernorm.weight", "ffn_norm.weight", "mlp_norm", ("hidden_size",), init="ones"),
-    _block("mlp.gate_proj.weight", "ffn_gate.weight", "gate_proj", ("intermediate_size", "hidden_size"),
-           transpose=True),
+    _block(
+        "mlp.gate_proj.weight", "ffn_gate.weight", "gate_proj", ("intermediate_size", "hidden_size"), transpose=True
+    ),
     _block("mlp.up_proj.weight", "ffn_up.weight", "up_proj", ("intermediate_size", "hidden_size"), transpose=True),
-    _block("mlp.down_proj.weight", "ffn_down.weight", "down_proj", ("hidden_size", "intermediate_size"),
-           transpose=True),
+    _block(
+        "mlp.down_proj.weight", "ffn_down.weight", "down_proj", ("hidden_size", "intermediate_size"), transpose=True
+    ),
     TensorSpec("model.norm.weight", "output_norm.weight", "final_norm", ("hidden_size",), init="ones"),
-    TensorSpec("lm_head.weight", "output.weight", "lm_head", ("vocab_size", "hidden_size"), transpose=True,
-               present_if="untied_head"),
+    TensorSpec(
+        "lm_head.weight",
+        "output.weight",
+        "lm_head",
+        ("vocab_size", "hidden_size"),
+        transpose=True,
+        present_if="untied_head",
+    ),
 )
 
 SCHEMAS: dict[str, ArchitectureSchema] = {

