@@ -190,6 +190,8 @@ def test_two_jax_distributed_processes_shard_the_single_process_selection(tmp_pa
     _finish(procs, logs)
 
     assert sorted(p.name for p in sharded.iterdir()) == [
+        "flags.shard0.txt",
+        "flags.shard1.txt",
         "results.shard0.jsonl",
         "results.shard1.jsonl",
         "run.shard0.json",

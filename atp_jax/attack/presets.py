@@ -92,7 +92,8 @@ PRESETS: dict[str, AttackConfig] = {
 }
 
 # Names that stand for several attacks in ``--attacks``: the paper's table columns (Vanilla | Rand | Best 20 |
-# Row Rvs | Col Rvs | E-Search | ATP Row | ATP Col | ATP Row&Col), and everything.
+# Row Rvs | Col Rvs | E-Search | ATP Row | ATP Col | ATP Row&Col); ``all`` (every preset, registered ones
+# included) is expanded when it is asked for.
 ATTACK_GROUPS: dict[str, tuple[str, ...]] = {
     "paper_table": (
         "vanilla",
@@ -105,8 +106,8 @@ ATTACK_GROUPS: dict[str, tuple[str, ...]] = {
         "atp_col",
         "atp_joint",
     ),
-    "all": tuple(PRESETS),
 }
+ALL = "all"
 
 
 def register_preset(name: str, config: AttackConfig) -> None:
@@ -205,7 +206,8 @@ def attack_names(names: Iterable[str]) -> list[str]:
     """``names`` with groups expanded, written canonically, duplicates dropped, in order.
 
     Unknown names and bad overrides raise one ``ValueError`` that names each of them."""
-    expanded = [a for name in names for a in ATTACK_GROUPS.get(name, (name,))]
+    groups = {**ATTACK_GROUPS, ALL: tuple(PRESETS)}
+    expanded = [a for name in names for a in groups.get(name, (name,))]
     out, problems = [], []
     for name in expanded:
         try:
@@ -216,7 +218,7 @@ def attack_names(names: Iterable[str]) -> list[str]:
     if problems:
         raise ValueError(
             f"unknown attack(s) {'; '.join(problems)}; known: {', '.join(PRESETS)}, "
-            f"or a group: {', '.join(ATTACK_GROUPS)}; a preset takes field overrides as "
+            f"or a group: {', '.join(groups)}; a preset takes field overrides as "
             "NAME@field=value,field=value (e.g. atp_st@init=uniform)"
         )
     return list(dict.fromkeys(out))
