@@ -27,9 +27,7 @@ from tqdm import tqdm
 import atp_jax
 from atp_jax.attack.presets import PRESETS, canonical, one_option_changes, preset
 from atp_jax.distributed import maybe_initialize
-from atp_jax.runs.experiment import environment, memory_budget_bytes, run_one
-from atp_jax.runs.fingerprints import dataset_fingerprint, model_fingerprint
-from atp_jax.runs.manifest import ManifestMismatch, ResultsFolder, provenance
+from atp_jax.runs.experiment import run_one
 from atp_jax.runs.report import (
     markdown_table,
     merge_records,
@@ -44,8 +42,8 @@ from atp_jax.tables.prompt import PromptStyle
 
 SWEEPS = ("lambda", "n_attack", "lr", "options")
 
-flags.DEFINE_string("model", "smollm2-135m-instruct", "Zoo name, HF model directory or .gguf file.")
 selection.define_flags(num_examples=12)
+selection.define_run_flags(model="smollm2-135m-instruct", output_dir="results/ablation")
 flags.DEFINE_enum("style", "markdown", list(STYLES), "Table linearization.")
 flags.DEFINE_string("attack", "paper", "The preset swept (an ATP preset; N_attack also takes a search preset).")
 flags.DEFINE_list(
@@ -60,19 +58,6 @@ flags.DEFINE_list("lrs", "0.03,0.1,0.3,1,3", "Adam learning rates (the lr sweep;
 flags.DEFINE_integer("seed", 0, "Seed of every attack.")
 flags.DEFINE_integer("max_new_tokens", 32, "Generation budget for the answer under the chosen order.")
 flags.DEFINE_bool("generate", True, "Generate and score the model's answer under each chosen order.")
-flags.DEFINE_string("output_dir", "results/ablation", "Where the sweep folders, ablation.md and ablation.png go.")
-flags.DEFINE_float(
-    "memory_budget_gb",
-    None,
-    "Skip (and record why) examples whose attention weights alone would "
-    "need more memory than this; default: half of this machine's memory.",
-)
-flags.DEFINE_bool(
-    "restart",
-    False,
-    "Set aside (rename) sweep folders recorded under another model, dataset, style "
-    "or seed and start over; without it such a resume is refused.",
-)
 FLAGS = flags.FLAGS
 
 
@@ -146,29 +131,23 @@ def main(argv):
     examples = selection.examples(process_index, process_count)
     if not examples:
         sys.exit(f"--dataset {FLAGS.dataset}: no examples selected; loosen --num_examples/--max_rows/--max_cols")
+    identity = {
+        "style": dataclasses.asdict(style),
+        "seed": FLAGS.seed,
+        "generate": FLAGS.generate,
+        "max_new_tokens": FLAGS.max_new_tokens,
+    }
     folders, done = {}, set()
-    try:
-        identity = {
-            **model_fingerprint(FLAGS.model),
-            **dataset_fingerprint(FLAGS.dataset, FLAGS.split, FLAGS.data_dir),
-            "style": dataclasses.asdict(style),
-            "seed": FLAGS.seed,
-            "generate": FLAGS.generate,
-            "max_new_tokens": FLAGS.max_new_tokens,
-        }
-        for parameter, configs in sweeps.items():
-            folders[parameter] = ResultsFolder(out / parameter, process_index, process_count)
-            folders[parameter].begin(
-                {**identity, "sweep": parameter, "base_attack": FLAGS.attack},
-                {k: v.as_dict() for k, v in configs.items()},
-                provenance(sys.argv),
-                flags_text=FLAGS.flags_into_string(),
-                restart=FLAGS.restart,
-                extra={"examples": len(examples), "selection": selection.manifest(), **environment()},
-            )
-            done |= {(parameter, *key) for key in folders[parameter].done_keys()}
-    except (ManifestMismatch, ValueError) as e:
-        sys.exit(str(e))
+    for parameter, configs in sweeps.items():  # one results folder per sweep, each with its manifest
+        folders[parameter] = selection.open_folder(
+            {**identity, "sweep": parameter, "base_attack": FLAGS.attack},
+            {k: v.as_dict() for k, v in configs.items()},
+            len(examples),
+            folder=out / parameter,
+            process_index=process_index,
+            process_count=process_count,
+        )
+        done |= {(parameter, *key) for key in folders[parameter].done_keys()}
     try:
         model = atp_jax.load_model(FLAGS.model)
     except (ValueError, OSError) as e:  # a corrupt or truncated file, a config the decoder cannot take
@@ -192,7 +171,7 @@ def main(argv):
                 problems=problems,
                 generate=FLAGS.generate,
                 max_new_tokens=FLAGS.max_new_tokens,
-                memory_budget_bytes=memory_budget_bytes(FLAGS.memory_budget_gb),
+                memory_budget_bytes=selection.memory_budget(),
             )
             folders[parameter].append(record)
             bar.update()

@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 import atp_jax
 from atp_jax.data.datasets import load_dataset
-from atp_jax.eval.metrics import score
+from atp_jax.eval.scoring import score
 from atp_jax.inference.qa import answers
 from atp_jax.tables.linearize import STYLES
 from atp_jax.tables.prompt import PromptStyle

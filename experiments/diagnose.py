@@ -9,13 +9,15 @@ order and in the order an attack chose, taken from a results folder (``--results
 
 - ``pairs.jsonl``: per example, both diagnoses (per-layer cell attention in the table's own coordinates,
   row-boundary and within-row attention, evidence cells) and both reference-answer losses; appended
-  atomically, and a rerun skips the examples already there.
+  atomically, and a rerun skips the examples already there; ``run.json`` and ``flags.txt`` as for
+  run_attack.py (a rerun with another model, dataset, attack or order source is refused; ``--restart``).
 - ``summary.md`` / ``summary.json``: the Table-3-like averages; ``layers.png``: per-layer curves
   (Figure 5); ``heatmap_<id>.png`` for the first ``--heatmaps`` examples (Figure 4).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -33,18 +35,19 @@ from atp_jax.diagnostics.summary import diagnosis_json, plot_heatmaps, plot_laye
 from atp_jax.inference.qa import answer_losses
 from atp_jax.models.loading import DEFAULT_MODEL
 from atp_jax.runs.experiment import environment
-from atp_jax.runs.records import append_record, read_records
+from atp_jax.runs.fingerprints import dataset_fingerprint, model_fingerprint
+from atp_jax.runs.manifest import ManifestMismatch, ResultsFolder, provenance
+from atp_jax.runs.records import read_records
 from atp_jax.runs.report import load_run
 from atp_jax.tables.layout import build_layout
 from atp_jax.tables.prompt import PromptStyle
 
-flags.DEFINE_string("model", DEFAULT_MODEL, "Zoo name, HF model directory or .gguf file.")
 selection.define_flags(num_examples=20, sharding=False)
+selection.define_run_flags(model=DEFAULT_MODEL, output_dir="results/diagnose", memory_budget=False)
 flags.DEFINE_string("results", None, "A results folder whose --attack orders are diagnosed (others: run here).")
 flags.DEFINE_string("attack", "best_of_k", f"The attack whose order is the adversarial one: {', '.join(PRESETS)}.")
 flags.DEFINE_integer("heatmaps", 4, "Draw heatmaps for this many examples.")
 flags.DEFINE_integer("seed", 0, "Seed of the attack run here.")
-flags.DEFINE_string("output_dir", "results/diagnose", "Where pairs.jsonl, summary.* and the PNGs go.")
 FLAGS = flags.FLAGS
 
 
@@ -61,36 +64,39 @@ def main(argv):
         recorded = {r["id"]: r for r in run.records if r["attack"] == FLAGS.attack and "skipped" not in r}
         if not recorded:
             sys.exit(f"no {FLAGS.attack!r} records in {FLAGS.results}; pass an --attack it ran")
-    out = Path(FLAGS.output_dir)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        sys.exit(f"cannot create --output_dir {out}: {e}")
     examples = selection.examples()
-    model = atp_jax.load_model(FLAGS.model)
+    if not examples:
+        sys.exit(f"--dataset {FLAGS.dataset}: no examples selected; loosen the selection")
     style = PromptStyle()
-    (out / "run.json").write_text(
-        json.dumps(
-            {
-                "model": model.name,
-                "model_source": model.source,
-                "dataset": FLAGS.dataset,
-                "split": FLAGS.split,
-                "attack": FLAGS.attack,
-                "results": FLAGS.results,
-                "examples": len(examples),
-                "selection": selection.manifest(),
-                "seed": FLAGS.seed,
-                **environment(),
-                "argv": sys.argv,
-            },
-            indent=2,
-        )
-    )
-
-    pairs_path = out / "pairs.jsonl"
-    done = {r["id"] for r in read_records(pairs_path)} if pairs_path.exists() else set()
     config = preset(FLAGS.attack, seed=FLAGS.seed)
+    out = selection.writable_folder(Path(FLAGS.output_dir))
+    folder = ResultsFolder(out, records="pairs")
+    try:
+        identity = {
+            **model_fingerprint(FLAGS.model),
+            **dataset_fingerprint(FLAGS.dataset, FLAGS.split, FLAGS.data_dir),
+            "style": dataclasses.asdict(style),
+            "attack": FLAGS.attack,
+            "orders_from": FLAGS.results,
+            "seed": FLAGS.seed,
+        }
+        folder.begin(
+            identity,
+            {FLAGS.attack: config.as_dict()},
+            provenance(sys.argv),
+            flags_text=FLAGS.flags_into_string(),
+            restart=FLAGS.restart,
+            extra={"examples": len(examples), "selection": selection.manifest(), **environment()},
+        )
+    except (ManifestMismatch, ValueError) as e:
+        sys.exit(str(e))
+    try:
+        model = atp_jax.load_model(FLAGS.model)
+    except (ValueError, OSError) as e:
+        sys.exit(f"--model {FLAGS.model}: {e}")
+
+    pairs_path = folder.results_file
+    done = {r["id"] for r in read_records(pairs_path)}
     for example in tqdm([e for e in examples if e.id not in done], desc="diagnosing"):
         if example.id in recorded:
             row_perm, col_perm = recorded[example.id]["row_perm"], recorded[example.id]["col_perm"]
@@ -99,7 +105,7 @@ def main(argv):
             try:
                 result = atp_jax.attack(model, example, config, style, name=FLAGS.attack)
             except AttackInputError as e:
-                append_record(pairs_path, {"id": example.id, "skipped": str(e)})
+                folder.append({"id": example.id, "attack": FLAGS.attack, "skipped": str(e)})
                 continue
             row_perm, col_perm, source = result.row_perm, result.col_perm, "run here"
         try:
@@ -107,13 +113,12 @@ def main(argv):
             clean = diagnose(model, example, style=style, layout=layout)
             permuted = diagnose(model, example, row_perm, col_perm, style, layout)
         except ValueError as e:
-            append_record(pairs_path, {"id": example.id, "skipped": str(e)})
+            folder.append({"id": example.id, "attack": FLAGS.attack, "skipped": str(e)})
             continue
         clean_loss, permuted_loss = answer_losses(
             model, example, [example.table, example.table.permute(row_perm, col_perm)]
         )
-        append_record(
-            pairs_path,
+        folder.append(
             {
                 "id": example.id,
                 "attack": FLAGS.attack,

@@ -16,8 +16,6 @@ import dataclasses
 import importlib
 import os
 import sys
-import tempfile
-from pathlib import Path
 
 import selection  # experiments/selection.py: the flags every binary shares
 from absl import app, flags
@@ -28,19 +26,17 @@ from atp_jax.attack.presets import ATTACK_GROUPS, PRESETS, attack_names, canonic
 from atp_jax.defense.smoothing import SmoothingConfig
 from atp_jax.distributed import maybe_initialize
 from atp_jax.eval.judge import PAPER_JUDGE_PROMPT, ModelJudge, OpenAICompatibleJudge
-from atp_jax.eval.scoring import METRICS, Scorer
+from atp_jax.eval.scoring import Scorer, metric_names
 from atp_jax.models.loading import DEFAULT_MODEL
-from atp_jax.runs.experiment import environment, memory_budget_bytes, run_one
-from atp_jax.runs.fingerprints import dataset_fingerprint, model_fingerprint
-from atp_jax.runs.manifest import ManifestMismatch, ResultsFolder, provenance
+from atp_jax.runs.experiment import run_one
 from atp_jax.runs.records import read_records
 from atp_jax.runs.report import defense_table, markdown_table, summarize
 from atp_jax.tables.linearize import STYLES
 from atp_jax.tables.prompt import ANSWER_FORMATS, PromptStyle
 
-flags.DEFINE_string("model", DEFAULT_MODEL, "Zoo name, HF model directory or .gguf file.")
 # With no flags this is the demo (README): the paper's table on two small sample tables, ≤ 10 min on 2 CPU cores.
 selection.define_flags(num_examples=2, max_rows=8, max_cols=5)
+selection.define_run_flags(model=DEFAULT_MODEL, output_dir="results/demo")
 flags.DEFINE_enum("style", "markdown", list(STYLES), "Table linearization.")
 flags.DEFINE_list(
     "attack_modules",
@@ -82,25 +78,11 @@ flags.DEFINE_bool(
     "answer then depends on the content only); false: from the order it arrives in.",
 )
 flags.DEFINE_bool("smoothing_include_original", False, "The arriving (attacked) order casts one extra, first vote.")
-flags.DEFINE_list("metrics", ["auto"], f"Scores of each answer: {', '.join(METRICS)} (auto: the dataset's own).")
+flags.DEFINE_list("metrics", ["auto"], f"Scores of each answer: {', '.join(metric_names())} (auto: the dataset's own).")
 flags.DEFINE_string("judge_model", None, "The 'judge' metric with a local model: zoo name, HF directory or .gguf.")
 flags.DEFINE_string("judge_url", None, "The 'judge' metric from an OpenAI-compatible server, e.g. http://host:8000.")
 flags.DEFINE_string("judge_name", "judge", "The model name sent to --judge_url.")
 flags.DEFINE_string("judge_api_key_env", "OPENAI_API_KEY", "Environment variable holding --judge_url's API key.")
-flags.DEFINE_string("output_dir", "results/demo", "Where results.jsonl, run.json and flags.txt go.")
-flags.DEFINE_float(
-    "memory_budget_gb",
-    None,
-    "Skip (and record why) examples whose attention weights alone would "
-    "need more memory than this; default: half of this machine's memory.",
-)
-flags.DEFINE_bool(
-    "restart",
-    False,
-    "When --output_dir holds records of another model, dataset, style, seed or "
-    "attack configuration: set them aside (renamed, never deleted) and start over. Without it such a "
-    "resume is refused.",
-)
 FLAGS = flags.FLAGS
 
 _FIELD_FLAGS = ("n_attack", "lambda_row", "lambda_col", "restarts")  # applied to the attacks that have the field
@@ -141,9 +123,9 @@ def _smoothing_ks(values: list[str], generate: bool) -> tuple[int, ...] | str:
 
 def _judge_from_url() -> OpenAICompatibleJudge | None:
     """Checks the metric and judge flags; the URL judge, probed once, or None."""
-    unknown = [m for m in FLAGS.metrics if m not in METRICS]
+    unknown = [m for m in FLAGS.metrics if m not in metric_names()]
     if unknown:
-        sys.exit(f"--metrics: unknown {', '.join(unknown)}; choose from {', '.join(METRICS)}")
+        sys.exit(f"--metrics: unknown {', '.join(unknown)}; choose from {', '.join(metric_names())}")
     wants_judge = "judge" in FLAGS.metrics
     if wants_judge != bool(FLAGS.judge_model or FLAGS.judge_url) or (FLAGS.judge_model and FLAGS.judge_url):
         sys.exit(
@@ -161,17 +143,6 @@ def _judge_from_url() -> OpenAICompatibleJudge | None:
     except (ValueError, ConnectionError) as e:
         sys.exit(f"--judge_url {FLAGS.judge_url}: {e}")
     return judge
-
-
-def _writable_folder(folder: Path) -> Path:
-    """``folder``, created; exits with one message if it cannot be created or written."""
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=folder):
-            pass
-    except OSError as e:
-        sys.exit(f"--output_dir {folder} is not a writable folder ({e.strerror or e}); choose another")
-    return folder
 
 
 def _running_means(record: dict, running: dict) -> dict:
@@ -217,8 +188,6 @@ def main(argv):
     process_count = jax_count if FLAGS.process_count is None else FLAGS.process_count
     # Everything a user can get wrong is checked here, before a model is loaded.
     judge_url = _judge_from_url()
-    out = _writable_folder(Path(FLAGS.output_dir))
-    folder = ResultsFolder(out, process_index, process_count)
     examples = selection.examples(process_index, process_count)
     if not examples:
         sys.exit(
@@ -228,29 +197,23 @@ def main(argv):
         )
     style = PromptStyle(linearization=FLAGS.style, answer_format=FLAGS.answer_format)
     configs = _configs(attacks)
-    try:
-        identity = {
-            **model_fingerprint(FLAGS.model),
-            **dataset_fingerprint(FLAGS.dataset, FLAGS.split, FLAGS.data_dir),
-            "style": dataclasses.asdict(style),
-            "seed": FLAGS.seed,
-            "metrics": FLAGS.metrics,
-            "judge": FLAGS.judge_model or (FLAGS.judge_url and f"{FLAGS.judge_name} at {FLAGS.judge_url}"),
-            "judge_prompt": PAPER_JUDGE_PROMPT.summary() if "judge" in FLAGS.metrics else None,
-            "generate": FLAGS.generate,
-            "max_new_tokens": FLAGS.max_new_tokens,
-            "smoothing": None if smoothing is None else {**dataclasses.asdict(smoothing), "ks": list(smoothing_ks)},
-        }
-        folder.begin(
-            identity,
-            {k: v.as_dict() for k, v in configs.items()},
-            provenance(sys.argv),
-            flags_text=FLAGS.flags_into_string(),
-            restart=FLAGS.restart,
-            extra={"examples": len(examples), "selection": selection.manifest(), **environment()},
-        )
-    except (ManifestMismatch, ValueError) as e:
-        sys.exit(str(e))
+    identity = {
+        "style": dataclasses.asdict(style),
+        "seed": FLAGS.seed,
+        "metrics": FLAGS.metrics,
+        "judge": FLAGS.judge_model or (FLAGS.judge_url and f"{FLAGS.judge_name} at {FLAGS.judge_url}"),
+        "judge_prompt": PAPER_JUDGE_PROMPT.summary() if "judge" in FLAGS.metrics else None,
+        "generate": FLAGS.generate,
+        "max_new_tokens": FLAGS.max_new_tokens,
+        "smoothing": None if smoothing is None else {**dataclasses.asdict(smoothing), "ks": list(smoothing_ks)},
+    }
+    folder = selection.open_folder(
+        identity,
+        {k: v.as_dict() for k, v in configs.items()},
+        len(examples),
+        process_index=process_index,
+        process_count=process_count,
+    )
 
     try:
         model = atp_jax.load_model(FLAGS.model)
@@ -284,7 +247,7 @@ def main(argv):
                 smoothing=smoothing,
                 smoothing_ks=smoothing_ks or None,
                 scorer=scorer,
-                memory_budget_bytes=memory_budget_bytes(FLAGS.memory_budget_gb),
+                memory_budget_bytes=selection.memory_budget(),
             )
             folder.append(record)
             bar.set_postfix(_running_means(record, running), refresh=False)

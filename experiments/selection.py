@@ -1,18 +1,25 @@
-"""The example-selection and sharding flags the experiment binaries share, and the selection they make.
+"""The flags the experiment binaries share, the selection they make, and the results folder they open.
 
-A binary calls ``define_flags(...)`` at import (with its own defaults), ``examples(...)`` in main, and
-records ``manifest()`` in its run manifest, so a result says which examples it was run on.
+A binary calls ``define_flags(...)`` (selection, sharding) and ``define_run_flags(...)`` (model, output
+folder, restart, memory budget) at import with its own defaults, ``examples(...)`` in main, and
+``open_folder(...)`` before it loads a model: the manifest then says which examples and which model and
+dataset files made the records, and a resume under another identity stops with one message.
 """
 
 from __future__ import annotations
 
 import sys
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
 
 from absl import flags
 
 from atp_jax.data.order_filter import DEFAULT_ORDER_FILTER, ORDER_FILTERS
 from atp_jax.distributed import MODES
-from atp_jax.runs.experiment import select_examples
+from atp_jax.runs.experiment import environment, memory_budget_bytes, select_examples
+from atp_jax.runs.fingerprints import dataset_fingerprint, model_fingerprint
+from atp_jax.runs.manifest import ManifestMismatch, ResultsFolder, provenance
 from atp_jax.tables.table import Example
 
 FLAGS = flags.FLAGS
@@ -84,3 +91,76 @@ def manifest() -> dict:
         "max_rows": FLAGS.max_rows,
         "max_cols": FLAGS.max_cols,
     }
+
+
+def define_run_flags(model: str, output_dir: str, memory_budget: bool = True) -> None:
+    """``--model --output_dir --restart`` (and with ``memory_budget`` ``--memory_budget_gb``), with this
+    binary's defaults."""
+    flags.DEFINE_string("model", model, "Zoo name, HF model directory or .gguf file.")
+    flags.DEFINE_string("output_dir", output_dir, "Where this run's records, run.json and flags.txt go.")
+    flags.DEFINE_bool(
+        "restart",
+        False,
+        "When --output_dir holds records of another model, dataset, style, seed or "
+        "configuration: set them aside (renamed, never deleted) and start over. Without it such a "
+        "resume is refused.",
+    )
+    if memory_budget:
+        flags.DEFINE_float(
+            "memory_budget_gb",
+            None,
+            "Skip (and record why) examples whose attention weights alone would "
+            "need more memory than this; default: half of this machine's memory.",
+        )
+
+
+def memory_budget() -> int:
+    """``--memory_budget_gb`` in bytes (default: half of this machine's memory)."""
+    return memory_budget_bytes(FLAGS.memory_budget_gb)
+
+
+def writable_folder(folder: Path) -> Path:
+    """``folder``, created; exits with one message if it cannot be created or written."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        sys.exit(f"--output_dir {folder} is not a writable folder ({e.strerror or e}); choose another")
+    return folder
+
+
+def open_folder(
+    identity: Mapping,
+    attacks: Mapping[str, dict],
+    num_examples: int,
+    *,
+    folder: Path | None = None,
+    process_index: int = 0,
+    process_count: int = 1,
+) -> ResultsFolder:
+    """The results folder (``--output_dir`` unless ``folder``), its manifest checked and written.
+
+    The identity is the model's and dataset's fingerprints plus ``identity`` (style, seed, metrics, …);
+    a bad ``--model``/``--dataset`` or a resume that would mix configurations exits with the reason.
+    Call it before loading the model: it fails in a second, not after minutes of loading.
+    """
+    results = ResultsFolder(writable_folder(Path(folder or FLAGS.output_dir)), process_index, process_count)
+    try:
+        full_identity = {
+            **model_fingerprint(FLAGS.model),
+            **dataset_fingerprint(FLAGS.dataset, FLAGS.split, FLAGS.data_dir),
+            **identity,
+        }
+        results.begin(
+            full_identity,
+            attacks,
+            provenance(sys.argv),
+            flags_text=FLAGS.flags_into_string(),
+            restart=FLAGS.restart,
+            # where the model was loaded from (not identity: a moved file is the same model), for transfer.py
+            extra={"examples": num_examples, "selection": manifest(), "model_source": FLAGS.model, **environment()},
+        )
+    except (ManifestMismatch, ValueError) as e:
+        sys.exit(str(e))
+    return results

@@ -1,14 +1,29 @@
 """Does the gradient know which swaps hurt? Spearman correlation between the first-order prediction and the
 true objective change of every single row/column swap at the original order, per example.
 
-  python experiments/swap_correlation.py --model smollm2-135m-instruct --num_examples 12
+  python experiments/swap_correlation.py --model smollm2-135m-instruct --num_examples 12 \
+      --output_dir results/swap_rank/smollm2-135m-instruct
+  python experiments/swap_correlation.py --compare results/swap_rank/a,results/swap_rank/b \
+      --attack_results results/a,results/b
+
+Each example's figures are one record (``attack`` = ``swap_rank``) in ``OUTPUT_DIR/results.jsonl``,
+appended atomically; a rerun skips the examples already there, and a rerun with another model, dataset
+or prompt style is refused (``--restart`` sets the old records aside). ``--compare`` prints one table
+over several such folders (one per model): the median and range of Spearman ρ, how often the swap the
+gradient ranks first raises the loss, and — from ``--attack_results``, results folders of run_attack.py
+on the same questions, one per compared folder — the distinct hard orders each ATP run visited.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import statistics
+import sys
+import time
 
+import selection  # experiments/selection.py: the flags every binary shares
 from absl import app, flags
 from tqdm import tqdm
 
@@ -16,30 +31,112 @@ import atp_jax
 from atp_jax.attack.problem import AttackInputError, make_problem
 from atp_jax.attack.result import Evaluator
 from atp_jax.attack.search import swap_rank_correlation
-from atp_jax.runs.experiment import select_examples
+from atp_jax.inference.qa import InputTooLong
+from atp_jax.runs.records import read_records
+from atp_jax.runs.report import load_run
+from atp_jax.tables.linearize import STYLES
+from atp_jax.tables.prompt import PromptStyle
 
-_MODEL = flags.DEFINE_string("model", "smollm2-135m-instruct", "Zoo name, HF model directory or .gguf file.")
-_DATASET = flags.DEFINE_string("dataset", "sample", "sample | wtq | tatqa | fetaqa | path.jsonl")
-_NUM_EXAMPLES = flags.DEFINE_integer(
-    "num_examples",
-    12,
-    "First order-free questions of ≤ 12 rows × ≤ 8 columns (as in run_attack.py --max_rows 12 --max_cols 8).",
+RECORD_NAME = "swap_rank"  # the ``attack`` field of every record this binary writes
+
+selection.define_flags(num_examples=12, max_rows=12, max_cols=8, sharding=False)
+selection.define_run_flags(model="smollm2-135m-instruct", output_dir="results/swap_rank", memory_budget=False)
+flags.DEFINE_enum("style", "markdown", list(STYLES), "Table linearization.")
+flags.DEFINE_list("compare", [], "Print the comparison table of these swap-rank folders instead of running.")
+flags.DEFINE_list(
+    "attack_results",
+    [],
+    "With --compare: run_attack.py folders (same order as --compare, '-' for none) whose ATP records give "
+    "the distinct orders visited.",
 )
-_JSON_OUT = flags.DEFINE_string("json_out", None, "Also write the per-example figures here.")
+flags.DEFINE_list("atp_attacks", ["paper", "atp_joint"], "With --compare: the ATP specs whose visits are counted.")
+FLAGS = flags.FLAGS
+
+
+def _fraction(values) -> str:
+    values = list(values)
+    return f"{sum(values)}/{len(values)}" if values else "–"
+
+
+def compare_table(folders: list[str], attack_folders: list[str], atp_attacks: list[str]) -> str:
+    """Markdown: one row per swap-rank folder (model), over the example ids every folder recorded."""
+    runs = []
+    for folder in folders:
+        run = load_run(folder)
+        runs.append((run.manifest.get("model", folder), {r["id"]: r for r in run.records if "skipped" not in r}))
+    common = set.intersection(*(set(by_id) for _, by_id in runs)) if runs else set()
+    header = (
+        "| model | examples | median ρ | ρ range | top-ranked swap raises loss | median best true gain | "
+        + " | ".join(f"distinct orders, {a} (median, n)" for a in atp_attacks)
+        + " |"
+    )
+    lines = [header, "|" + "---|" * (6 + len(atp_attacks))]
+    for i, (model, by_id) in enumerate(runs):
+        rows = [by_id[k] for k in sorted(common)]
+        rho = [r["spearman"] for r in rows]
+        visits = []
+        attack_folder = attack_folders[i] if i < len(attack_folders) else "-"
+        for spec in atp_attacks:
+            if attack_folder == "-":
+                visits.append("–")
+                continue
+            counts = [
+                r["trace"]["distinct_orders_visited"]
+                for r in load_run(attack_folder).records
+                if r["attack"] == spec and r["id"] in common and "distinct_orders_visited" in (r.get("trace") or {})
+            ]
+            visits.append(f"{statistics.median(counts):g} (n={len(counts)})" if counts else "–")
+        lines.append(
+            f"| {model} | {len(rows)} | {statistics.median(rho):.3f} | {min(rho):.3f} … {max(rho):.3f} | "
+            f"{_fraction(r['gain_of_top_predicted_swap'] > 0 for r in rows)} | "
+            f"{statistics.median(r['best_true_gain'] for r in rows):.3f} | " + " | ".join(visits) + " |"
+        )
+    return "\n".join(lines)
 
 
 def main(argv):
     del argv
-    model = atp_jax.load_model(_MODEL.value)
-    examples = select_examples(_DATASET.value, num_examples=_NUM_EXAMPLES.value, max_rows=12, max_cols=8)
-    rows = []
-    for example in tqdm(examples, desc="swaps"):
+    if FLAGS.compare:
         try:
-            stats = swap_rank_correlation(Evaluator(model, make_problem(model, example)))
-        except AttackInputError as e:
-            print(f"skip {example.id}: {e}")
-            continue
-        rows.append({"id": example.id, **stats})
+            print(compare_table(FLAGS.compare, FLAGS.attack_results, FLAGS.atp_attacks))
+        except (FileNotFoundError, ValueError) as e:
+            sys.exit(str(e))
+        return
+    examples = selection.examples()
+    if not examples:
+        sys.exit(f"--dataset {FLAGS.dataset}: no examples selected; loosen the selection")
+    style = PromptStyle(linearization=FLAGS.style)
+    folder = selection.open_folder(
+        {"style": dataclasses.asdict(style), "diagnostic": "single-swap rank correlation at the original order"},
+        {RECORD_NAME: {"method": RECORD_NAME, "at": "original order", "moves": "every single row and column swap"}},
+        len(examples),
+    )
+    done = {key[0] for key in folder.done_keys() if key[1] == RECORD_NAME}
+    todo = [ex for ex in examples if ex.id not in done]
+    print(f"{len(examples)} examples: {len(done & {ex.id for ex in examples})} recorded, {len(todo)} to run")
+    if todo:
+        try:
+            model = atp_jax.load_model(FLAGS.model)
+        except (ValueError, OSError) as e:
+            sys.exit(f"--model {FLAGS.model}: {e}")
+        for example in tqdm(todo, desc="swaps"):
+            start = time.perf_counter()
+            try:
+                evaluator = Evaluator(model, make_problem(model, example, style))
+                stats = swap_rank_correlation(evaluator)
+            except (AttackInputError, InputTooLong) as e:
+                folder.append({"id": example.id, "attack": RECORD_NAME, "skipped": str(e)})
+                continue
+            folder.append(
+                {
+                    "id": example.id,
+                    "attack": RECORD_NAME,
+                    **stats,
+                    "queries": evaluator.forward_calls,
+                    "seconds": time.perf_counter() - start,
+                }
+            )
+    rows = [r for r in read_records(folder.results_file) if "skipped" not in r]
     print("| id | swaps | spearman | gain of top-predicted swap | best true gain | mean true gain |")
     print("|---|---|---|---|---|---|")
     for r in rows:
@@ -47,11 +144,10 @@ def main(argv):
             f"| {r['id']} | {r['swaps']} | {r['spearman']:.3f} | {r['gain_of_top_predicted_swap']:.3f} | "
             f"{r['best_true_gain']:.3f} | {r['mean_true_gain']:.3f} |"
         )
-    print(f"median spearman {statistics.median(r['spearman'] for r in rows):.3f} over {len(rows)} examples")
-    if _JSON_OUT.value:
-        with open(_JSON_OUT.value, "w") as f:
-            json.dump(rows, f, indent=2)
+    if rows:
+        print(json.dumps({"median_spearman": statistics.median(r["spearman"] for r in rows), "examples": len(rows)}))
 
 
 if __name__ == "__main__":
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     app.run(main)

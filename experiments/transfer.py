@@ -13,25 +13,29 @@ so ``report.py --results results/smollm,results/smollm_to_qwen`` puts both in on
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import sys
 from pathlib import Path
 
+import selection  # experiments/selection.py: the flags every binary shares
 from absl import app, flags
 from tqdm import tqdm
 
 import atp_jax
 from atp_jax.data.datasets import load_dataset
 from atp_jax.distributed import MODES, maybe_initialize
-from atp_jax.runs.experiment import environment, manifest_path, replay, results_path
-from atp_jax.runs.records import append_record, done_keys, read_records
+from atp_jax.runs.experiment import environment, replay
+from atp_jax.runs.fingerprints import dataset_fingerprint, model_fingerprint
+from atp_jax.runs.manifest import ManifestMismatch, ResultsFolder, provenance
+from atp_jax.runs.records import read_records
 from atp_jax.runs.report import load_run, markdown_table, summarize
 from atp_jax.tables.linearize import STYLES
 from atp_jax.tables.prompt import PromptStyle
 
 flags.DEFINE_string("results", None, "The results folder whose orders are replayed.")
-flags.DEFINE_string("model", None, "Target model: zoo name, HF directory or .gguf (default: the source's).")
+flags.DEFINE_string(
+    "model", None, "Target model: zoo name, HF directory or .gguf (default: the source's, where it was loaded from)."
+)
 flags.DEFINE_enum("style", None, list(STYLES), "Target table linearization (default: the source's).")
 flags.DEFINE_enum("reasoning", None, ["concise", "step_by_step"], "Target answer style (default: the source's).")
 flags.DEFINE_string("dataset", None, "Dataset of the source examples (default: the source's run.json).")
@@ -49,6 +53,12 @@ flags.DEFINE_enum(
     "auto",
     list(MODES),
     "Join jax.distributed: auto (when SLURM/TPU-slice/JAX_COORDINATOR_ADDRESS says so), on, off.",
+)
+flags.DEFINE_bool(
+    "restart",
+    False,
+    "When --output_dir holds transfers made under another target model, style or source: set them aside "
+    "(renamed, never deleted) and start over. Without it such a resume is refused.",
 )
 flags.mark_flags_as_required(["results", "output_dir"])
 FLAGS = flags.FLAGS
@@ -96,28 +106,40 @@ def main(argv):
         # A source recorded before answer formats existed was prompted with the plain wording.
         answer_format=source_style.get("answer_format", "plain"),
     )
-    model = atp_jax.load_model(FLAGS.model or source.model)
-    origin = {"results": str(source_dir), "model": source.model, "style": source_style}
-    out.mkdir(parents=True, exist_ok=True)
-    manifest = {
-        "model": model.name,
-        "model_source": model.source,
-        "dataset": dataset,
-        "split": split,
-        "style": dataclasses.asdict(style),
-        "transferred_from": origin,
-        "attacks": {a: source.manifest.get("attacks", {}).get(a) for a in dict.fromkeys(r["attack"] for r in records)},
-        "examples": len(ids),
-        "generate": FLAGS.generate,
-        **environment(),
-        "process_index": process_index,
-        "process_count": process_count,
-        "argv": sys.argv,
+    target = FLAGS.model or source.manifest.get("model_source") or source.model
+    origin = {
+        "results": str(source_dir),
+        "model": source.model,
+        "model_sha256": source.manifest.get("model_sha256"),
+        "style": source_style,
     }
-    manifest_path(out, process_index, process_count).write_text(json.dumps(manifest, indent=2))
+    folder = ResultsFolder(selection.writable_folder(out), process_index, process_count)
+    try:
+        identity = {
+            **model_fingerprint(target),
+            **dataset_fingerprint(dataset, split, FLAGS.data_dir),
+            "style": dataclasses.asdict(style),
+            "generate": FLAGS.generate,
+            "max_new_tokens": FLAGS.max_new_tokens,
+            "transferred_from": origin,
+        }
+        recorded = source.manifest.get("attacks", {})
+        folder.begin(
+            identity,
+            {a: recorded.get(a) for a in dict.fromkeys(r["attack"] for r in records)},
+            provenance(sys.argv),
+            flags_text=FLAGS.flags_into_string(),
+            restart=FLAGS.restart,
+            extra={"examples": len(ids), **environment()},
+        )
+    except (ManifestMismatch, ValueError) as e:
+        sys.exit(str(e) if FLAGS.model else f"{e} (the source's model; pass --model to name its file)")
+    try:
+        model = atp_jax.load_model(target)
+    except (ValueError, OSError) as e:
+        sys.exit(f"--model {target}: {e}")
 
-    results = results_path(out, process_index, process_count)
-    done = done_keys([results])
+    done = folder.done_keys()
     by_id = {i: [r for r in records if r["id"] == i and (i, r["attack"]) not in done] for i in ids}
     print(f"{len(ids)} examples, {sum(map(len, by_id.values()))} orders to replay ({len(done)} recorded)")
     for example_id in tqdm(ids, desc="replaying"):
@@ -131,8 +153,8 @@ def main(argv):
                 generate=FLAGS.generate,
                 max_new_tokens=FLAGS.max_new_tokens,
             ):
-                append_record(results, record)
-    print(markdown_table(summarize(r for r in read_records(results) if "skipped" not in r)))
+                folder.append(record)
+    print(markdown_table(summarize(r for r in read_records(folder.results_file) if "skipped" not in r)))
 
 
 if __name__ == "__main__":

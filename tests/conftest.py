@@ -3,6 +3,8 @@ shared dev data (``$ATP_JAX_DATA``, else ``shared/data`` inside or next to the c
 
 import functools
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,19 @@ from atp_jax.models.loading import LoadedModel
 from atp_jax.models.modeling import random_model
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def run_binary(binary: str, args, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Runs ``experiments/<binary>.py`` with ``args`` from the checkout on the CPU; never raises on failure."""
+    return subprocess.run(
+        [sys.executable, f"experiments/{binary}.py", *map(str, args)],
+        cwd=REPO,
+        env={**os.environ, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def find_shared_data() -> Path | None:

@@ -3,12 +3,10 @@ good examples around it recorded, or — for what no run can start from — one 
 model loads."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_binary
 
 from atp_jax.inference.qa import InputTooLong, answer, answer_loss
 from atp_jax.runs.records import read_records
@@ -33,16 +31,7 @@ def _write(path: Path, records) -> Path:
 
 
 def _run(args, timeout=600):
-    env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2")
-    return subprocess.run(
-        [sys.executable, "experiments/run_attack.py", *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+    return run_binary("run_attack", args, timeout)
 
 
 GOOD = [["A", "1"], ["B", "2"], ["C", "3"]]

@@ -206,6 +206,16 @@ def test_diagnose_binary_writes_summary_and_pictures_and_resumes(tmp_path):
     assert (out / "layers.png").exists() and len(list(out.glob("heatmap_*.png"))) == 1
     again = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
     assert again.returncode == 0 and (out / "pairs.jsonl").read_text().count("\n") == 1
+    assert json.loads((out / "run.json").read_text())["attack"] == "row_reverse"
+    other = subprocess.run(
+        [*command[:-5], "col_reverse", *command[-4:]],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert other.returncode != 0 and "attack" in other.stderr and "--restart" in other.stderr, other.stderr[-2000:]
 
 
 def test_diagnose_binary_rejects_an_unknown_attack(tmp_path):

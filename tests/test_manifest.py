@@ -2,12 +2,10 @@
 differs from the folder's manifest stops with a message naming the difference; ``--flagfile`` replays a run."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_binary
 
 from atp_jax.runs.fingerprints import dataset_fingerprint, model_fingerprint
 from atp_jax.runs.manifest import ManifestMismatch, ResultsFolder
@@ -96,16 +94,7 @@ def test_fingerprints_name_the_files_not_their_location(tmp_path, tiny_checkpoin
 
 
 def _run(args, timeout=600):
-    env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2")
-    return subprocess.run(
-        [sys.executable, "experiments/run_attack.py", *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+    return run_binary("run_attack", args, timeout)
 
 
 def _records(folder: Path) -> list[dict]:
@@ -140,3 +129,15 @@ def test_the_binary_refuses_a_mixed_resume_and_replays_its_flagfile(tiny_checkpo
     replay = _run(["--flagfile", str(out / "flags.txt"), "--output_dir", str(tmp_path / "replay")])
     assert replay.returncode == 0, replay.stderr[-3000:]
     assert _records(tmp_path / "replay") == _records(out)
+
+
+def test_restart_sets_aside_records_that_have_no_manifest(tmp_path):
+    from atp_jax.runs.manifest import ManifestMismatch, ResultsFolder
+
+    folder = ResultsFolder(tmp_path)
+    folder.append({"id": "a", "attack": "vanilla", "answer_loss": 1.0})
+    with pytest.raises(ManifestMismatch, match="without a version"):
+        folder.begin({"model": "m"}, {}, {})
+    folder.begin({"model": "m"}, {}, {}, restart=True)
+    assert folder.done_keys() == set()
+    assert [p.name.split(".replaced-")[0] for p in tmp_path.glob("*.replaced-*")] == ["results.jsonl"]

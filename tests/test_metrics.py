@@ -16,7 +16,6 @@ from atp_jax.eval.metrics import (
     check_denotation,
     normalize_wtq,
     rouge_l_recall,
-    score,
     tatqa_em_f1,
     tatqa_is_number,
     tatqa_normalize_answer,
@@ -27,6 +26,7 @@ from atp_jax.eval.metrics import (
     wtq_accuracy,
     wtq_prediction_items,
 )
+from atp_jax.eval.scoring import score
 
 # ------------------------------------------------------------------ WTQ normalisation
 
@@ -283,9 +283,9 @@ def test_score_dispatch():
 
 
 def test_score_errors():
-    with pytest.raises(ValueError, match="needs the gold scale"):
+    with pytest.raises(ValueError, match="needs meta keys scale"):
         score("tatqa", "1", ["1"])
-    with pytest.raises(ValueError, match="no metric for dataset 'squad'"):
+    with pytest.raises(ValueError, match="dataset .squad. is not registered"):
         score("squad", "1", ["1"])
     with pytest.raises(TypeError, match="wrap a single answer"):
         wtq_accuracy("a", "a")

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from atp_jax.eval.metrics import approximate_canon, parse_wtq_number, score
-from atp_jax.eval.scoring import Scorer
+from atp_jax.eval.metrics import approximate_canon, parse_wtq_number
+from atp_jax.eval.scoring import Scorer, score
 from atp_jax.tables.table import Example, Table
 
 _TABLE = Table(["column"], [["cell"]])  # The scorers never look at the table.

@@ -8,7 +8,8 @@ import pytest
 from atp_jax.attack.presets import preset
 from atp_jax.inference.qa import answer_losses
 from atp_jax.runs import records as records_module
-from atp_jax.runs.experiment import manifest_path, replay, results_path, run_one
+from atp_jax.runs.experiment import replay, run_one
+from atp_jax.runs.manifest import ResultsFolder
 from atp_jax.runs.records import append_record, done_keys, read_records
 from atp_jax.tables.prompt import PromptStyle
 from atp_jax.tables.table import Example, Table
@@ -89,10 +90,18 @@ def test_done_keys_spans_files(tmp_path):
 
 
 def test_result_and_manifest_paths_per_process(tmp_path):
-    assert results_path(tmp_path, 0, 1) == tmp_path / "results.jsonl"
-    assert results_path(tmp_path, 3, 4) == tmp_path / "results.shard3.jsonl"
-    assert manifest_path(tmp_path, 0, 1) == tmp_path / "run.json"
-    assert manifest_path(tmp_path, 2, 4) == tmp_path / "run.shard2.json"
+    assert ResultsFolder(tmp_path).results_file == tmp_path / "results.jsonl"
+    assert ResultsFolder(tmp_path, 3, 4).results_file == tmp_path / "results.shard3.jsonl"
+    assert ResultsFolder(tmp_path).manifest_file == tmp_path / "run.json"
+    assert ResultsFolder(tmp_path, 2, 4).manifest_file == tmp_path / "run.shard2.json"
+
+
+def test_a_folder_lists_every_shard_in_process_order(tmp_path):
+    for name in ("results.shard10.jsonl", "results.shard2.jsonl", "results.jsonl", "results.shardx.jsonl", "run.json"):
+        (tmp_path / name).write_text("")
+    names = [p.name for p in ResultsFolder.record_files(tmp_path)]
+    assert names == ["results.jsonl", "results.shard2.jsonl", "results.shard10.jsonl"]
+    assert [p.name for p in ResultsFolder.manifest_files(tmp_path)] == ["run.json"]
 
 
 # --------------------------------------------------------------------------- records of one attack, replayed

@@ -43,11 +43,12 @@ from atp_jax.data.order_filter import (
     is_order_sensitive,
     order_rule,
 )
+from atp_jax.data.registry import dataset_names
 from atp_jax.tables.table import Example, Table
 
 __all__ = [
     "DATA_ENV_VAR",
-    "DATASET_NAMES",
+    "dataset_choices",
     "ORDER_KEYWORDS",
     "ORDER_EXCLUSIONS",
     "ORDER_FILTERS",
@@ -64,8 +65,14 @@ __all__ = [
 DATA_ENV_VAR = "ATP_JAX_DATA"
 """Environment variable naming the directory that holds ``wtq/``, ``tatqa/``, ``fetaqa/``."""
 
-DATASET_NAMES: tuple[str, ...] = ("sample", "wtq", "tatqa", "fetaqa")
-_SCORED_DATASETS: tuple[str, ...] = ("wtq", "tatqa", "fetaqa")
+SAMPLE = "sample"  # the bundled WTQ dev subset
+SAMPLE_DATASET = "wtq"
+
+
+def dataset_choices() -> tuple[str, ...]:
+    """What ``--dataset`` takes by name: the bundled sample and every registered dataset."""
+    return (SAMPLE, *dataset_names())
+
 
 _SAMPLE_FILE = "wtq_sample.jsonl"
 _REQUIRED_KEYS = ("id", "question", "answers", "table")
@@ -110,8 +117,8 @@ def example_from_dict(record: Mapping[str, Any]) -> Example:
 
 
 def _check_dataset_name(dataset: str | None) -> None:
-    if dataset is not None and dataset not in _SCORED_DATASETS:
-        raise ValueError(f"dataset={dataset!r}: use one of {', '.join(_SCORED_DATASETS)}")
+    if dataset is not None and dataset not in dataset_names():
+        raise ValueError(f"dataset={dataset!r}: use one of {', '.join(dataset_names())}")
 
 
 def _record_with_dataset(record: Any, dataset: str | None) -> Any:
@@ -122,13 +129,13 @@ def _record_with_dataset(record: Any, dataset: str | None) -> Any:
     if recorded in (None, ""):
         if dataset is None:
             raise ValueError(
-                'no \'dataset\' field, which selects the metric: add "dataset": "wtq"|"tatqa"|"fetaqa" '
+                f"no 'dataset' field, which selects the metric: add \"dataset\": one of {', '.join(dataset_names())} "
                 "to each record, or pass the dataset explicitly (load_jsonl(path, dataset=...), "
                 "load_dataset(path, dataset=...))"
             )
         return {**record, "dataset": dataset}
-    if recorded not in _SCORED_DATASETS:
-        raise ValueError(f"'dataset' is {recorded!r}: use one of {', '.join(_SCORED_DATASETS)}")
+    if recorded not in dataset_names():
+        raise ValueError(f"'dataset' is {recorded!r}: use one of {', '.join(dataset_names())}")
     if dataset is not None and recorded != dataset:
         raise ValueError(
             f"'dataset' is {recorded!r} but the file is loaded as {dataset!r}: fix the record, or load the "
@@ -187,7 +194,7 @@ def _bundled_sample() -> list[Example]:
                 f"the bundled sample {_SAMPLE_FILE} is missing from the installed package; "
                 "reinstall atp-jax, or rebuild it with `python -m atp_jax.data.make_sample`"
             )
-        return load_jsonl(path, dataset="wtq")
+        return load_jsonl(path, dataset=SAMPLE_DATASET)
 
 
 def load_dataset(
@@ -217,17 +224,17 @@ def load_dataset(
     if isinstance(name_or_path, os.PathLike) or str(name_or_path).endswith(".jsonl"):
         return load_jsonl(name_or_path, dataset=dataset)
     name = str(name_or_path).lower()
-    if name not in DATASET_NAMES:
+    if name != SAMPLE and name not in dataset_names():
         raise ValueError(
-            f"unknown dataset {name_or_path!r}: use one of {', '.join(DATASET_NAMES)} or a path ending in .jsonl"
+            f"unknown dataset {name_or_path!r}: use one of {', '.join(dataset_choices())} or a path ending in .jsonl"
         )
-    own = "wtq" if name == "sample" else name
+    own = SAMPLE_DATASET if name == SAMPLE else name
     if dataset is not None and dataset != own:
         raise ValueError(
             f"load_dataset({name_or_path!r}, dataset={dataset!r}): the {name!r} data is "
             f"{own!r}; drop dataset= or pass a .jsonl path"
         )
-    if name == "sample":
+    if name == SAMPLE:
         if split != "dev":
             raise ValueError(f"the bundled sample has only the 'dev' split, not {split!r}")
         return _bundled_sample()

@@ -28,7 +28,8 @@ Two weaker variants, for comparison:
   wins ties). The attacker controls that vote fully; it is the adaptive attack's only handle on the
   canonical defense, and the ordinary attack on the original order already is that adaptive attack.
 
-Votes are compared after :func:`atp_jax.eval.metrics.normalize_wtq` (Unicode folding, quotes and dashes
+Votes are compared after the dataset's answer normaliser (``atp_jax.data.registry``; for every built-in dataset
+:func:`atp_jax.tables.normalize.normalize_wtq`: Unicode folding, quotes and dashes
 unified, trailing citations/parenthesised details/one final "." dropped, whitespace collapsed, lower
 case): "Alice" and "alice." are one vote, "Paris" and "Paris, France" are two.
 """
@@ -42,10 +43,11 @@ import json
 import math
 import operator
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from atp_jax.data.registry import answer_normalizer
 from atp_jax.inference.qa import answers
 from atp_jax.models.loading import LoadedModel
 from atp_jax.tables.normalize import normalize_wtq
@@ -197,8 +199,9 @@ def smoothing_tables(table: Table, config: SmoothingConfig) -> list[Table]:
     return [table, *draws] if config.include_original else draws
 
 
-def vote(predictions: Sequence[str]) -> tuple[str, float]:
-    """Majority over ``normalize_wtq`` forms; a tie goes to the form voted first.
+def vote(predictions: Sequence[str], normalize: Callable[[str], str] = normalize_wtq) -> tuple[str, float]:
+    """Majority over ``normalize`` forms (the dataset's, ``atp_jax.data.registry``); a tie goes to the form
+    voted first.
 
     Returns ``(text, agreement)``: the first prediction with the winning form, as written, and the
     fraction of predictions with that form.
@@ -208,7 +211,7 @@ def vote(predictions: Sequence[str]) -> tuple[str, float]:
     predictions = list(predictions)
     if not predictions:
         raise ValueError("vote needs at least one prediction")
-    forms = [normalize_wtq(p) for p in predictions]
+    forms = [normalize(p) for p in predictions]
     counts = Counter(forms)
     top = max(counts.values())
     first = next(i for i, form in enumerate(forms) if counts[form] == top)  # earliest of the tied forms
@@ -241,6 +244,6 @@ def smoothed_answers(
     out = {}
     for k in ks:
         votes = tuple(predictions[: extra + k])
-        prediction, agreement = vote(votes)
+        prediction, agreement = vote(votes, answer_normalizer(example.dataset))
         out[k] = SmoothedAnswer(prediction, agreement, votes)
     return out

@@ -28,10 +28,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from atp_jax.data.registry import answer_normalizer
 from atp_jax.models.loading import LoadedModel
 from atp_jax.models.modeling import Transformer
 from atp_jax.tables.layout import SLOT_RUN, Layout, build_layout
-from atp_jax.tables.normalize import normalize_wtq
 from atp_jax.tables.prompt import PromptStyle, encode_text, render_prompt
 from atp_jax.tables.table import Example
 
@@ -158,7 +158,8 @@ def evidence_cells(example: Example) -> list[tuple[int, int]]:
     """Cells ``(i, j)`` (0 = header row) that hold the answer's evidence; may be empty.
 
     FeTaQA's ``meta.highlighted_cell_ids`` are in ``table_array`` coordinates (header rows first);
-    otherwise a cell counts when its WTQ-normalized text equals a normalized reference answer.
+    otherwise a cell counts when its normalized text (the dataset's normaliser) equals a normalized reference
+    answer.
     """
     table = example.table
     highlighted = example.meta.get("highlighted_cell_ids") if example.meta else None
@@ -166,8 +167,9 @@ def evidence_cells(example: Example) -> list[tuple[int, int]]:
         header_rows = int(example.meta.get("n_header_rows", 1))
         cells = {(max(0, int(r) - header_rows + 1), int(c)) for r, c in highlighted}
         return sorted((i, j) for i, j in cells if i <= table.n_rows and j < table.n_cols)
-    targets = {normalize_wtq(a) for a in example.answers if normalize_wtq(a)}
-    return [(i, j) for i, row in enumerate(table.cells) for j, text in enumerate(row) if normalize_wtq(text) in targets]
+    normalize = answer_normalizer(example.dataset)
+    targets = {normalize(a) for a in example.answers if normalize(a)}
+    return [(i, j) for i, row in enumerate(table.cells) for j, text in enumerate(row) if normalize(text) in targets]
 
 
 @jax.jit

@@ -68,10 +68,9 @@ from __future__ import annotations
 import math
 import re
 import string
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
 
 import numpy as np
 
@@ -89,7 +88,6 @@ __all__ = [
     "parse_wtq_date",
     "parse_wtq_number",
     "rouge_l_recall",
-    "score",
     "tatqa_answer_string",
     "tatqa_em_f1",
     "tatqa_is_number",
@@ -535,44 +533,3 @@ def rouge_l_recall(prediction: str, answers: Sequence[str], use_stemmer: bool = 
         raise ValueError("rouge_l_recall needs at least one reference answer")
     scorer = _rouge_scorer(use_stemmer)
     return max(scorer.score(reference, prediction)["rougeL"].recall for reference in answers)
-
-
-# ---------------------------------------------------------------------------- dispatch
-
-
-def score(
-    dataset: str,
-    prediction: str,
-    answers: Sequence[str],
-    meta: Mapping[str, Any] | None = None,
-) -> dict[str, float]:
-    """Score one prediction with the metric of ``dataset``.
-
-    Args:
-        dataset: ``"wtq"`` -> ``{"accuracy"}``; ``"tatqa"`` -> ``{"em", "f1"}``;
-            ``"fetaqa"`` -> ``{"rougeL_recall"}``.
-        prediction: the model's free-text answer.
-        answers: the gold answers.
-        meta: the example's metadata; pass ``example.meta``. WTQ uses ``meta["target_canon"]`` (the canonical
-            gold values) when present; TAT-QA needs ``meta["scale"]`` and uses ``meta["answer_type"]``.
-    """
-    name = dataset.lower()
-    if name == "wtq":
-        target_canon = (meta or {}).get("target_canon")
-        if target_canon is not None and (isinstance(target_canon, str) or len(target_canon) != len(answers)):
-            raise ValueError(
-                f"meta['target_canon'] must hold one canonical value per answer: {len(answers)} answers "
-                f"{list(answers)!r}, target_canon {target_canon!r}; fix the record or drop the key"
-            )
-        return {"accuracy": wtq_accuracy(prediction, answers, target_canon)}
-    if name == "tatqa":
-        if meta is None or "scale" not in meta:
-            raise ValueError(
-                "TAT-QA scoring needs the gold scale: pass meta=example.meta, or "
-                "meta={'scale': '', 'answer_type': ...} for data without one"
-            )
-        em, f1 = tatqa_em_f1(prediction, answers, scale=meta["scale"], answer_type=meta.get("answer_type", ""))
-        return {"em": em, "f1": f1}
-    if name == "fetaqa":
-        return {"rougeL_recall": rouge_l_recall(prediction, answers)}
-    raise ValueError(f"no metric for dataset {dataset!r}; expected 'wtq', 'tatqa' or 'fetaqa'")

@@ -11,7 +11,6 @@ import os
 import platform
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
 import jax
 
@@ -76,18 +75,6 @@ def select_examples(
     if num_examples:
         examples = examples[:num_examples]
     return examples[process_index::process_count]
-
-
-def results_path(output_dir: str | os.PathLike, process_index: int, process_count: int) -> Path:
-    """``results.jsonl`` for a single process, ``results.shardK.jsonl`` for process K of several."""
-    name = "results.jsonl" if process_count == 1 else f"results.shard{process_index}.jsonl"
-    return Path(output_dir) / name
-
-
-def manifest_path(output_dir: str | os.PathLike, process_index: int, process_count: int) -> Path:
-    """``run.json`` for a single process, ``run.shardK.json`` for process K of several."""
-    name = "run.json" if process_count == 1 else f"run.shard{process_index}.json"
-    return Path(output_dir) / name
 
 
 def environment() -> dict:

@@ -12,7 +12,7 @@ import json
 import os
 from pathlib import Path
 
-from atp_jax.data.datasets import DATA_ENV_VAR, DATASET_NAMES
+from atp_jax.data.datasets import DATA_ENV_VAR, dataset_choices
 from atp_jax.models import architectures, zoo
 from atp_jax.runs.manifest import sha256_file, sha256_files
 
@@ -53,8 +53,8 @@ def dataset_file(dataset: str, split: str = "dev", data_dir: str | os.PathLike |
     if name == "sample":
         with importlib.resources.as_file(importlib.resources.files("atp_jax.data") / "wtq_sample.jsonl") as path:
             return Path(path)
-    if name not in DATASET_NAMES:
-        raise ValueError(f"--dataset {dataset}: use one of {', '.join(DATASET_NAMES)} or a path ending in .jsonl")
+    if name not in dataset_choices():
+        raise ValueError(f"--dataset {dataset}: use one of {', '.join(dataset_choices())} or a path ending in .jsonl")
     root = data_dir if data_dir is not None else os.environ.get(DATA_ENV_VAR)
     if not root:
         raise ValueError(

@@ -124,6 +124,7 @@ class ResultsFolder:
     path: Path
     process_index: int = 0
     process_count: int = 1
+    records: str = "results"  # the records' file stem: ``results`` for attacks, ``pairs`` for diagnoses
 
     def _name(self, stem: str, suffix: str) -> Path:
         shard = "" if self.process_count == 1 else f".shard{self.process_index}"
@@ -131,7 +132,7 @@ class ResultsFolder:
 
     @property
     def results_file(self) -> Path:
-        return self._name("results", ".jsonl")
+        return self._name(self.records, ".jsonl")
 
     @property
     def manifest_file(self) -> Path:
@@ -140,6 +141,29 @@ class ResultsFolder:
     @property
     def flags_file(self) -> Path:
         return self._name("flags", ".txt")
+
+    @staticmethod
+    def shard_files(path: str | os.PathLike, stem: str, suffix: str) -> list[Path]:
+        """``<stem><suffix>`` then ``<stem>.shardK<suffix>`` by K: one kind of file of every process of a folder."""
+        folder = Path(path)
+        prefix = f"{stem}.shard"
+        shards = []
+        for file in folder.glob(f"{prefix}*{suffix}"):
+            index = file.name[len(prefix) : len(file.name) - len(suffix)]
+            if index.isdigit():
+                shards.append((int(index), file))
+        single = folder / f"{stem}{suffix}"
+        return ([single] if single.is_file() else []) + [file for _, file in sorted(shards)]
+
+    @classmethod
+    def record_files(cls, path: str | os.PathLike) -> list[Path]:
+        """Every process's results file of the folder at ``path``."""
+        return cls.shard_files(path, "results", ".jsonl")
+
+    @classmethod
+    def manifest_files(cls, path: str | os.PathLike) -> list[Path]:
+        """Every process's manifest of the folder at ``path``."""
+        return cls.shard_files(path, "run", ".json")
 
     def read_manifest(self) -> dict | None:
         if not self.manifest_file.exists():
@@ -166,7 +190,7 @@ class ResultsFolder:
         Path(self.path).mkdir(parents=True, exist_ok=True)
         old = self.read_manifest()
         has_records = self.results_file.exists() and self.results_file.stat().st_size > 0
-        if old is not None and restart:
+        if restart and (old is not None or has_records):
             stamp = time.strftime("%Y%m%dT%H%M%S")
             for file in (self.results_file, self.manifest_file, self.flags_file):
                 if file.exists():

@@ -19,6 +19,7 @@ import numpy as np
 
 from atp_jax.attack.presets import PRESETS, control_pairs, preset
 from atp_jax.plotting import new_figure
+from atp_jax.runs.manifest import ResultsFolder
 from atp_jax.runs.records import read_records
 
 REFERENCE_ATTACK = "best_of_k"
@@ -70,8 +71,6 @@ def markdown_table(rows: list[dict]) -> str:
 
 SCORE_METRICS = ("accuracy", "em", "rougeL_recall")  # the default metric: the first one recorded
 LOSS_METRIC = "answer_loss"
-_SHARD = re.compile(r"results\.shard(\d+)\.jsonl$")
-_MANIFEST_SHARD = re.compile(r"run\.shard(\d+)\.json$")
 
 
 def results_files(folder: str | os.PathLike) -> list[Path]:
@@ -79,10 +78,7 @@ def results_files(folder: str | os.PathLike) -> list[Path]:
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"results folder {folder} does not exist; pass the --output_dir of a run")
-    shards = sorted(
-        (p for p in folder.iterdir() if _SHARD.fullmatch(p.name)), key=lambda p: int(_SHARD.fullmatch(p.name).group(1))
-    )
-    files = ([folder / "results.jsonl"] if (folder / "results.jsonl").is_file() else []) + shards
+    files = ResultsFolder.record_files(folder)
     if not files:
         raise FileNotFoundError(
             f"no results.jsonl or results.shard*.jsonl in {folder}; pass the --output_dir "
@@ -124,12 +120,7 @@ class Run:
 def load_manifest(folder: str | os.PathLike) -> dict:
     """``run.json``, or ``run.shardK.json`` of the lowest K; every shard must name the same model/dataset."""
     folder = Path(folder)
-    paths = sorted(
-        (p for p in folder.glob("run.shard*.json") if _MANIFEST_SHARD.fullmatch(p.name)),
-        key=lambda p: int(_MANIFEST_SHARD.fullmatch(p.name).group(1)),
-    )
-    if (folder / "run.json").is_file():
-        paths.insert(0, folder / "run.json")
+    paths = ResultsFolder.manifest_files(folder)
     if not paths:
         raise FileNotFoundError(
             f"no run.json or run.shard*.json in {folder}: the manifest names the model; "

@@ -28,13 +28,6 @@ _REASONING_INSTRUCTIONS = {
     f"form '{FINAL_ANSWER_MARKER} <answer>'.",
 }
 _SEVERAL_ANSWERS = f"If there are several answers, separate them with '{ANSWER_SEPARATOR.strip()}'."
-# TAT-QA's metric gives 0 to a bare number whose gold has a scale (1.5 for "1.5 million"), so the scale is asked
-# for; WTQ and FeTaQA keep the plain wording, with which their committed records were made.
-_ANSWER_INSTRUCTIONS = {
-    "tatqa": "Write a number with its scale word (thousand, million or billion) when the table states one, "
-    "e.g. '1.5 million', and a percentage with a percent sign, e.g. '12.5%'; write text answers "
-    f"as they appear in the table. {_SEVERAL_ANSWERS}",
-}
 _SENTINEL = "\u2063TABLE\u2063"  # invisible separator: never occurs in a template or a question
 
 
@@ -82,9 +75,12 @@ def encode_text(tokenizer, text: str) -> list[int]:
 
 def instruction(style: PromptStyle, dataset: str = "") -> str:
     """The instruction before the table: how to reason, then how to write the answer for ``dataset``."""
+    from atp_jax.data.registry import dataset_names, dataset_spec  # lazily: the registry sits beside tables
+
     answer_format = _SEVERAL_ANSWERS
-    if style.answer_format == "dataset":
-        answer_format = _ANSWER_INSTRUCTIONS.get(dataset.lower(), _SEVERAL_ANSWERS)
+    if style.answer_format == "dataset" and dataset.lower() in dataset_names():
+        own = dataset_spec(dataset).answer_instruction
+        answer_format = f"{own} {_SEVERAL_ANSWERS}" if own else _SEVERAL_ANSWERS
     return f"{_REASONING_INSTRUCTIONS[style.reasoning]} {answer_format}"
 
 
