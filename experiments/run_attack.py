@@ -250,7 +250,7 @@ def main(argv):
                 memory_budget_bytes=selection.memory_budget(),
             )
             folder.append(record)
-            bar.set_postfix(_running_means(record, running), refresh=False)
+            bar.set_postfix(_running_means(record.as_dict(), running), refresh=False)
             bar.update()
     bar.close()
     records = [r for r in read_records(folder.results_file) if "skipped" not in r]

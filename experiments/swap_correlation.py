@@ -132,7 +132,7 @@ def main(argv):
                     "id": example.id,
                     "attack": RECORD_NAME,
                     **stats,
-                    "queries": evaluator.forward_calls,
+                    "queries": evaluator.queries,
                     "seconds": time.perf_counter() - start,
                 }
             )

@@ -89,7 +89,7 @@ def test_same_seed_same_result_and_different_seed_differs(tiny, problem):
 def test_paper_preset_runs_and_counts_calls(tiny, problem):
     result = attack(tiny, EXAMPLE, preset("paper", n_attack=4), problem=problem)
     assert sorted(result.row_perm) == [0, 1, 2, 3] and sorted(result.col_perm) == [0, 1, 2]
-    assert result.forward_calls == 4 and result.backward_calls == 4
+    assert result.queries == 4 and result.backward_calls == 4
     assert result.loss == pytest.approx(answer_loss(tiny, EXAMPLE, result.table), abs=1e-6)
     assert np.isfinite(result.trace["objective"]).all()
 
@@ -105,13 +105,13 @@ def test_best_of_k_is_the_brute_force_maximum_of_its_samples(tiny, problem):
     result = baselines.best_of_k(evaluator, np.random.default_rng(0), k=6)
     rows, cols = baselines.random_orders(Evaluator(tiny, problem), np.random.default_rng(0), 6)
     singles = [answer_loss(tiny, EXAMPLE, EXAMPLE.table.permute(r, c)) for r, c in zip(rows, cols)]
-    assert result.forward_calls == 6
+    assert result.queries == 6
     assert result.loss == pytest.approx(max(singles), abs=1e-4)
 
 
 def test_evolution_uses_thirty_queries_and_keeps_valid_orders(tiny, problem):
     result = baselines.evolution(Evaluator(tiny, problem), np.random.default_rng(1))
-    assert result.forward_calls == 30
+    assert result.queries == 30
     best = result.trace["best_per_generation"]
     assert all(later >= earlier for earlier, later in zip(best, best[1:]))  # elitism
     assert sorted(result.row_perm) == [0, 1, 2, 3]
@@ -142,7 +142,7 @@ def test_search_and_controls_spend_the_same_budget(tiny, problem):
         attack(tiny, EXAMPLE, preset(name, n_attack=1, candidates=4), problem=problem)
         for name in ("search", "search_reversed", "search_random")
     ]
-    assert [(r.forward_calls, r.backward_calls) for r in results] == [(5, 1)] * 3
+    assert [(r.queries, r.backward_calls) for r in results] == [(5, 1)] * 3
     assert all(r.loss >= r.clean_loss - 1e-6 for r in results)  # the search never returns a worse order
 
 
@@ -172,7 +172,7 @@ def test_warm_search_shares_start_and_budget_with_its_controls(tiny, problem):
         for name in ("search_warm", "search_warm_reversed", "search_warm_random")
     ]
     # 1 original + 8 random starts, 1 gradient, then the 9 single swaps this 4x3 table has: 19 forwards.
-    assert [(r.forward_calls, r.backward_calls) for r in results] == [(19, 1)] * 3
+    assert [(r.queries, r.backward_calls) for r in results] == [(19, 1)] * 3
     best_start = results[0].trace["steps"][0]["current"]  # loss of the best starting order
     assert all(r.loss >= best_start - 1e-4 for r in results)
 

@@ -10,7 +10,7 @@ from atp_jax.inference.qa import answer_losses
 from atp_jax.runs import records as records_module
 from atp_jax.runs.experiment import replay, run_one
 from atp_jax.runs.manifest import ResultsFolder
-from atp_jax.runs.records import append_record, done_keys, read_records
+from atp_jax.runs.records import AttackRecord, append_record, done_keys, read_records
 from atp_jax.tables.prompt import PromptStyle
 from atp_jax.tables.table import Example, Table
 
@@ -137,7 +137,9 @@ def tiny(tiny_llama):
 
 def test_run_one_record_and_its_replay_match_the_rerendered_loss(tiny, tmp_path):
     style = PromptStyle()
-    record = run_one(tiny, EXAMPLE, "row_reverse", preset("row_reverse"), style, max_new_tokens=4)
+    typed = run_one(tiny, EXAMPLE, "row_reverse", preset("row_reverse"), style, max_new_tokens=4)
+    assert isinstance(typed, AttackRecord)
+    record = typed.as_dict()
     assert set(record) == SCHEMA
     assert record["row_perm"] == [2, 1, 0] and record["col_perm"] == [0, 1, 2]
     assert set(record["scores"]) == {"accuracy"} and isinstance(record["prediction"], str)
@@ -149,7 +151,7 @@ def test_run_one_record_and_its_replay_match_the_rerendered_loss(tiny, tmp_path)
     csv_style = PromptStyle(linearization="csv")
     origin = {"results": "src", "model": "tiny", "style": {"linearization": "markdown"}}
     skipped = {"id": "toy", "attack": "atp_col", "skipped": "one column"}
-    replayed, still_skipped = replay(tiny, EXAMPLE, [record, skipped], csv_style, source=origin)
+    replayed, still_skipped = (r.as_dict() for r in replay(tiny, EXAMPLE, [record, skipped], csv_style, source=origin))
     want = answer_losses(tiny, EXAMPLE, [EXAMPLE.table, EXAMPLE.table.permute([2, 1, 0])], csv_style)
     assert replayed["answer_loss"] == pytest.approx(want[1], abs=1e-4)
     assert replayed["clean_loss"] == pytest.approx(want[0], abs=1e-4)

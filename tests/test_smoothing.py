@@ -263,7 +263,7 @@ def test_run_one_records_the_defense_on_the_chosen_order(tiny):
         max_new_tokens=4,
         smoothing=config,
         smoothing_ks=(1, 3),
-    )
+    ).as_dict()
     assert record["row_perm"] == [3, 2, 1, 0]
     assert set(record["defended"]) == {"smooth_k1", "smooth_k3"} and record["defense_seconds"] >= 0
     want = smoothed_answers(tiny, EXAMPLE, TABLE.permute([3, 2, 1, 0]), config, STYLE, 4, ks=(1, 3))
@@ -272,7 +272,7 @@ def test_run_one_records_the_defense_on_the_chosen_order(tiny):
         assert entry["prediction"] == want[k].prediction and entry["agreement"] == want[k].agreement
         want_accuracy = 1.0 if normalize_wtq(want[k].prediction) == "lions" else 0.0
         assert entry["scores"] == {"accuracy": want_accuracy}
-    plain = run_one(tiny, EXAMPLE, "row_reverse", preset("row_reverse"), STYLE, max_new_tokens=4)
+    plain = run_one(tiny, EXAMPLE, "row_reverse", preset("row_reverse"), STYLE, max_new_tokens=4).as_dict()
     assert "defended" not in plain and "defense_seconds" not in plain
     with pytest.raises(ValueError, match="generate=True"):
         run_one(tiny, EXAMPLE, "row_reverse", preset("row_reverse"), STYLE, generate=False, smoothing=config)

@@ -201,7 +201,7 @@ def atp_attack(evaluator: Evaluator, cfg: ATPConfig, rng: np.random.Generator | 
     trace, final_r, final_c = run_atp(evaluator.loaded.model, evaluator.problem.tensors, keys, cfg)
     trace = jax.tree.map(np.asarray, trace)
     R, steps = cfg.restarts, cfg.n_attack
-    evaluator.forward_calls += R * steps
+    evaluator.queries += R * steps
     evaluator.backward_calls += R * steps
 
     finals = [(tuple(map(int, r)), tuple(map(int, c))) for r, c in zip(np.asarray(final_r), np.asarray(final_c))]
@@ -225,7 +225,7 @@ def atp_attack(evaluator: Evaluator, cfg: ATPConfig, rng: np.random.Generator | 
             values = evaluator.losses([o[0] for o in unscored], [o[1] for o in unscored])
         else:  # per-cell tokens differ from the text's: choose by the re-rendered text itself
             values = evaluator.true_losses([o[0] for o in unscored], [o[1] for o in unscored])
-            evaluator.forward_calls += len(unscored)
+            evaluator.queries += len(unscored)
         scored.update(zip(unscored, map(float, values)))
     chosen = max(scored, key=scored.get) if scored else finals[0]
     summary = {

@@ -29,7 +29,7 @@ class AttackResult:
       (CE: ``answer_loss``; KL: the layout's KL, exact when ``layout.exact``).
     clean_loss: the same for the original order.
     trace: per-step diagnostics (objective, CE of the hard order, entropies, …), method-specific.
-    forward_calls / backward_calls: sequences forwarded / backpropagated.
+    queries / backward_calls: sequences forwarded / backpropagated.
     """
 
     method: str
@@ -38,7 +38,7 @@ class AttackResult:
     table: Table
     loss: float
     clean_loss: float
-    forward_calls: int
+    queries: int
     backward_calls: int
     seconds: float
     trace: dict = dataclasses.field(default_factory=dict)
@@ -46,7 +46,7 @@ class AttackResult:
     @property
     def forward_equivalents(self) -> float:
         """Cost in forwards, a backward counted as two."""
-        return self.forward_calls + 2 * self.backward_calls
+        return self.queries + 2 * self.backward_calls
 
 
 class Evaluator:
@@ -55,7 +55,7 @@ class Evaluator:
     def __init__(self, loaded: LoadedModel, problem: AttackProblem):
         self.loaded = loaded
         self.problem = problem
-        self.forward_calls = 0
+        self.queries = 0
         self.backward_calls = 0
         self.start = time.perf_counter()
         self._true_cache: dict[tuple, float] = {}
@@ -83,7 +83,7 @@ class Evaluator:
                 objective=self.problem.objective,
             )
             out.append(np.asarray(values)[: size - pad])
-            self.forward_calls += size - pad
+            self.queries += size - pad
         return np.concatenate(out)
 
     def true_losses(self, row_perms, col_perms) -> np.ndarray:
@@ -97,7 +97,7 @@ class Evaluator:
                 values = answer_losses(self.loaded, self.problem.example, tables, self.problem.style)
             else:
                 values = self.losses([r for r, _ in todo], [c for _, c in todo])
-                self.forward_calls -= len(todo)  # a re-measurement, not a search query
+                self.queries -= len(todo)  # a re-measurement, not a search query
             self._true_cache.update(zip(todo, map(float, values)))
         return np.array([self._true_cache[k] for k in keys])
 
@@ -113,7 +113,7 @@ class Evaluator:
             table=self.problem.example.table.permute(row_perm, col_perm),
             loss=float(chosen),
             clean_loss=float(clean),
-            forward_calls=self.forward_calls,
+            queries=self.queries,
             backward_calls=self.backward_calls,
             seconds=time.perf_counter() - self.start,
             trace=trace or {},

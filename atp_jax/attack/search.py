@@ -109,14 +109,14 @@ def search_attack(evaluator: Evaluator, cfg: SearchConfig, rng: np.random.Genera
     # The same query budget whatever the direction, so the controls get exactly as many forwards.
     budget = cfg.start_samples + cfg.n_attack * (cfg.candidates + 1)
     history, ranked, gradient_steps = [], [], 0
-    while evaluator.forward_calls < budget:
+    while evaluator.queries < budget:
         if not ranked:
             if gradient_steps == cfg.n_attack:
                 break
             value, g_r, g_c = order_gradients(
                 evaluator.loaded.model, problem.tensors, jnp.asarray(rows), jnp.asarray(cols), problem.objective
             )
-            evaluator.forward_calls += 1
+            evaluator.queries += 1
             evaluator.backward_calls += 1
             gradient_steps += 1
             best_loss = float(value)
@@ -127,7 +127,7 @@ def search_attack(evaluator: Evaluator, cfg: SearchConfig, rng: np.random.Genera
             ]
             if not ranked:
                 break
-        size = max(1, min(cfg.candidates, budget - evaluator.forward_calls))
+        size = max(1, min(cfg.candidates, budget - evaluator.queries))
         batch, ranked = ranked[:size], ranked[size:]
         seen.update((tuple(r), tuple(c)) for r, c, _ in batch)
         losses = evaluator.losses([r for r, _, _ in batch], [c for _, c, _ in batch])

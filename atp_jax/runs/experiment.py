@@ -7,6 +7,7 @@ with a ``run.json`` / ``run.shardK.json`` manifest beside it, so ``report.py`` r
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import platform
 import time
@@ -30,6 +31,7 @@ from atp_jax.inference.qa import (
     prompt_ids,
 )
 from atp_jax.models.loading import LoadedModel
+from atp_jax.runs.records import AttackRecord, SkipRecord
 from atp_jax.tables.prompt import PromptStyle
 from atp_jax.tables.table import Example
 from atp_jax.version import __version__
@@ -115,16 +117,13 @@ def run_one(
     smoothing_ks: Sequence[int] | None = None,
     scorer: Scorer | None = None,
     memory_budget_bytes: int | None = None,
-) -> dict:
+) -> AttackRecord | SkipRecord:
     """Runs attack ``name`` (configured by ``config``) on ``example`` and returns its result record.
 
-    The record: ``id``, ``attack``, ``row_perm``, ``col_perm``, ``prediction`` (the model's answer under
-    the chosen order, None without ``generate``), ``scores`` (``scorer``'s metrics of that answer, by
-    default the dataset's own; {} without ``generate``), ``answer_loss`` / ``clean_loss``
-    (reference-answer loss under the chosen / original order, on re-rendered text), ``queries`` /
-    ``backward_calls`` (sequences forwarded / backpropagated), ``seconds`` (the attack),
-    ``generate_seconds`` and ``trace``. An example the attack cannot take gives
-    ``{"id", "attack", "skipped": reason}``.
+    The record is an ``AttackRecord`` (``atp_jax.runs.records``: the chosen order, its and the original
+    order's reference-answer loss, the answer and its scores — ``scorer``'s metrics, by default the
+    dataset's own, {} without ``generate`` — the attack's counted queries and time, its trace); an example
+    the attack cannot take gives a ``SkipRecord`` with the reason.
 
     ``problems`` caches the example's precomputation by objective across calls; pass the same dict for
     every attack of one example (and a fresh one for the next example).
@@ -157,38 +156,41 @@ def run_one(
                 )
         result = attack(model, example, config, style, name=name, problem=problem)
     except (AttackInputError, InputTooLong) as e:
-        return {"id": example.id, "attack": name, "skipped": str(e)}
+        return SkipRecord(example.id, name, str(e))
     start = time.perf_counter()
     prediction, scores = None, {}
     if generate:
         ((prediction, scores),) = _answer_and_scores(model, example, [result.table], style, max_new_tokens, scorer)
     generate_seconds = time.perf_counter() - start
-    record = {
-        "id": example.id,
-        "attack": name,
-        "row_perm": list(result.row_perm),
-        "col_perm": list(result.col_perm),
-        "prediction": prediction,
-        "scores": scores,
-        "answer_loss": result.loss,
-        "clean_loss": result.clean_loss,
-        "queries": result.forward_calls,
-        "backward_calls": result.backward_calls,
-        "seconds": result.seconds,
-        "generate_seconds": generate_seconds,
-        "trace": result.trace,
-    }
+    record = AttackRecord(
+        id=example.id,
+        attack=name,
+        row_perm=list(result.row_perm),
+        col_perm=list(result.col_perm),
+        answer_loss=result.loss,
+        clean_loss=result.clean_loss,
+        queries=result.queries,
+        backward_calls=result.backward_calls,
+        seconds=result.seconds,
+        prediction=prediction,
+        scores=scores,
+        generate_seconds=generate_seconds,
+        trace=result.trace,
+    )
     if smoothing is not None:
         start = time.perf_counter()
         # The defense answers the table the attack chose: what a defended system would receive.
         smoothed = smoothed_answers(model, example, result.table, smoothing, style, max_new_tokens, smoothing_ks)
         defended = list(smoothed.items())
         defended_scores = (scorer or Scorer())(example, [a.prediction for _, a in defended])
-        record["defended"] = {
-            f"smooth_k{k}": {"prediction": a.prediction, "agreement": a.agreement, "scores": scores}
-            for (k, a), scores in zip(defended, defended_scores)
-        }
-        record["defense_seconds"] = time.perf_counter() - start
+        record = dataclasses.replace(
+            record,
+            defended={
+                f"smooth_k{k}": {"prediction": a.prediction, "agreement": a.agreement, "scores": scores}
+                for (k, a), scores in zip(defended, defended_scores)
+            },
+            defense_seconds=time.perf_counter() - start,
+        )
     return record
 
 
@@ -202,7 +204,7 @@ def replay(
     generate: bool = False,
     max_new_tokens: int = 32,
     scorer: Scorer | None = None,
-) -> list[dict]:
+) -> list[AttackRecord | SkipRecord]:
     """Scores the orders recorded in ``sources`` (records of ``example`` from another run) on ``model``.
 
     All orders and the original one are scored in one batched ``answer_losses`` call; with
@@ -227,26 +229,25 @@ def replay(
     out, k = [], 0
     for r in sources:
         if "skipped" in r:
-            out.append({"id": r["id"], "attack": r["attack"], "skipped": r["skipped"], "transferred_from": source})
+            out.append(SkipRecord(r["id"], r["attack"], r["skipped"], transferred_from=source))
             continue
         prediction, scores = generated[k] if generate else (None, {})
         out.append(
-            {
-                "id": example.id,
-                "attack": r["attack"],
-                "row_perm": list(r["row_perm"]),
-                "col_perm": list(r["col_perm"]),
-                "prediction": prediction,
-                "scores": scores,
-                "answer_loss": float(losses[k + 1]),
-                "clean_loss": float(losses[0]),
-                "queries": 1,
-                "backward_calls": 0,
-                "seconds": seconds / len(usable),
-                "generate_seconds": generate_seconds / len(usable),
-                "trace": {},
-                "transferred_from": {**source, "answer_loss": r.get("answer_loss")},
-            }
+            AttackRecord(
+                id=example.id,
+                attack=r["attack"],
+                row_perm=list(r["row_perm"]),
+                col_perm=list(r["col_perm"]),
+                answer_loss=float(losses[k + 1]),
+                clean_loss=float(losses[0]),
+                queries=1,
+                backward_calls=0,
+                seconds=seconds / len(usable),
+                prediction=prediction,
+                scores=scores,
+                generate_seconds=generate_seconds / len(usable),
+                transferred_from={**source, "answer_loss": r.get("answer_loss")},
+            )
         )
         k += 1
     return out

@@ -246,5 +246,6 @@ class ResultsFolder:
     def done_keys(self) -> set[tuple[str, str]]:
         return done_keys([self.results_file])
 
-    def append(self, record: dict) -> None:
+    def append(self, record) -> None:
+        """Appends one record (an ``AttackRecord``/``SkipRecord`` or a plain dict) atomically."""
         append_record(self.results_file, record)

@@ -8,12 +8,69 @@ append, so that a resumed run does not glue its first record onto the fragment.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 _TAIL_BLOCK = 1 << 16  # bytes read per step when looking back for the last complete line
+
+
+@dataclasses.dataclass(frozen=True)
+class AttackRecord:
+    """One attack's result on one example, as written to ``results.jsonl`` (``as_dict``).
+
+    ``row_perm``/``col_perm``: the chosen order (data rows and columns, in the original's indices);
+    ``answer_loss``/``clean_loss``: reference-answer loss under it / under the original order, on
+    re-rendered text; ``queries``/``backward_calls``: sequences the attack forwarded / backpropagated;
+    ``seconds``: the attack's time; ``prediction``/``scores``: the model's answer under the order and
+    its metrics (None / {} without generation); ``trace``: the method's own diagnostics. Optional parts
+    appear only when set: ``defended`` (the smoothing defense's answers) with ``defense_seconds``, and
+    ``transferred_from`` (where a replayed order came from).
+    """
+
+    id: str
+    attack: str
+    row_perm: list[int]
+    col_perm: list[int]
+    answer_loss: float
+    clean_loss: float
+    queries: int
+    backward_calls: int
+    seconds: float
+    prediction: str | None = None
+    scores: dict[str, Any] = dataclasses.field(default_factory=dict)
+    generate_seconds: float = 0.0
+    trace: dict[str, Any] = dataclasses.field(default_factory=dict)
+    defended: dict[str, Any] | None = None
+    defense_seconds: float | None = None
+    transferred_from: dict[str, Any] | None = None
+
+    def as_dict(self) -> dict:
+        out = dataclasses.asdict(self)
+        for optional in ("defended", "defense_seconds", "transferred_from"):
+            if out[optional] is None:
+                del out[optional]
+        out["row_perm"], out["col_perm"] = [int(i) for i in self.row_perm], [int(i) for i in self.col_perm]
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class SkipRecord:
+    """An example an attack could not take, with the reason: recorded so that a resume does not retry it."""
+
+    id: str
+    attack: str
+    skipped: str
+    transferred_from: dict[str, Any] | None = None
+
+    def as_dict(self) -> dict:
+        out = dataclasses.asdict(self)
+        if self.transferred_from is None:
+            del out["transferred_from"]
+        return out
 
 
 def _complete_length(fd: int) -> int:
@@ -30,8 +87,10 @@ def _complete_length(fd: int) -> int:
     return 0
 
 
-def append_record(path: str | os.PathLike, record: dict) -> None:
+def append_record(path: str | os.PathLike, record: dict | AttackRecord | SkipRecord) -> None:
     """Appends ``record`` as one JSON line (keys sorted), cutting off a torn last line first."""
+    if isinstance(record, (AttackRecord, SkipRecord)):
+        record = record.as_dict()
     line = (json.dumps(record, ensure_ascii=False, sort_keys=True) + "\n").encode()
     fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
     try:

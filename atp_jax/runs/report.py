@@ -42,7 +42,7 @@ def summarize(records: Iterable[dict], reference: str = REFERENCE_ATTACK) -> lis
             "attack": attack,
             "examples": len(recs),
             "mean_loss": statistics.fmean(r["answer_loss"] for r in recs),
-            "forward_calls": statistics.fmean(r["queries"] for r in recs),
+            "queries": statistics.fmean(r["queries"] for r in recs),
             "backward_calls": statistics.fmean(r.get("backward_calls", 0) for r in recs),
             "seconds": statistics.fmean(r["seconds"] for r in recs),
         }
