@@ -1,6 +1,6 @@
 """Replays the orders found in one run on another model and/or prompt style (transfer of attacks).
 
-  python experiments/transfer.py --results results/smollm --model qwen2.5-0.5b-instruct \
+  python experiments/transfer.py --results results/smollm --model qwen2.5-coder-0.5b-instruct \
       --output_dir results/smollm_to_qwen --generate
 
 Every (example, attack) record of ``--results`` (all shards) is re-scored under its recorded row and
