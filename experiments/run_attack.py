@@ -23,14 +23,15 @@ from tqdm import tqdm
 
 import atp_jax
 from atp_jax.attack.presets import ATTACK_GROUPS, PRESETS, attack_names, canonical, preset
+from atp_jax.compilation import compile_totals
 from atp_jax.defense.smoothing import SmoothingConfig
 from atp_jax.distributed import maybe_initialize
 from atp_jax.eval.judge import PAPER_JUDGE_PROMPT, ModelJudge, OpenAICompatibleJudge
 from atp_jax.eval.scoring import Scorer, metric_names
 from atp_jax.models.loading import DEFAULT_MODEL
 from atp_jax.runs.experiment import run_one
-from atp_jax.runs.records import read_records
-from atp_jax.runs.report import defense_table, markdown_table, summarize
+from atp_jax.runs.records import AttackRecord, read_records
+from atp_jax.runs.report import compile_rows, defense_table, markdown_table, summarize
 from atp_jax.tables.linearize import STYLES
 from atp_jax.tables.prompt import ANSWER_FORMATS, PromptStyle
 
@@ -235,6 +236,7 @@ def main(argv):
         for name, config in configs.items():
             if (example.id, name) in done:
                 continue
+            before = compile_totals()
             record = run_one(
                 model,
                 example,
@@ -249,12 +251,18 @@ def main(argv):
                 scorer=scorer,
                 memory_budget_bytes=selection.memory_budget(),
             )
+            if isinstance(record, AttackRecord):
+                record = dataclasses.replace(record, compiles=(compile_totals() - before).as_dict())
             folder.append(record)
             bar.set_postfix(_running_means(record.as_dict(), running), refresh=False)
             bar.update()
     bar.close()
     records = [r for r in read_records(folder.results_file) if "skipped" not in r]
     print(markdown_table(summarize(records)))
+    compiles = compile_rows(records)
+    if compiles:
+        print("\nCompiles (XLA programs built and seconds spent making them, per attack):")
+        print(markdown_table(compiles))
     if any(r.get("defended") for r in records):
         print(defense_table(records))
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from absl import flags
 
+from atp_jax.compilation import compile_totals, disable_persistent_cache, enable_persistent_cache
 from atp_jax.data.order_filter import DEFAULT_ORDER_FILTER, ORDER_FILTERS
 from atp_jax.distributed import MODES
 from atp_jax.runs.experiment import environment, memory_budget_bytes, select_examples
@@ -105,6 +106,13 @@ def define_run_flags(model: str, output_dir: str, memory_budget: bool = True) ->
         "configuration: set them aside (renamed, never deleted) and start over. Without it such a "
         "resume is refused.",
     )
+    flags.DEFINE_bool(
+        "compilation_cache",
+        True,
+        "Keep compiled XLA programs on disk (JAX's persistent compilation cache) so reruns and resumes skip "
+        "compiles they did before: $JAX_COMPILATION_CACHE_DIR if set, else <atp_jax cache>/xla; "
+        "--nocompilation_cache turns it off, $JAX_COMPILATION_CACHE_DIR too.",
+    )
     if memory_budget:
         flags.DEFINE_float(
             "memory_budget_gb",
@@ -112,6 +120,16 @@ def define_run_flags(model: str, output_dir: str, memory_budget: bool = True) ->
             "Skip (and record why) examples whose attention weights alone would "
             "need more memory than this; default: half of this machine's memory.",
         )
+
+
+def start_compilation() -> None:
+    """Starts counting compiles and, with ``--compilation_cache``, turns the persistent cache on (before any
+    compile: JAX decides once whether a process uses it)."""
+    compile_totals()
+    if FLAGS.compilation_cache:
+        enable_persistent_cache()
+    else:
+        disable_persistent_cache()
 
 
 def memory_budget() -> int:
@@ -145,6 +163,7 @@ def open_folder(
     a bad ``--model``/``--dataset`` or a resume that would mix configurations exits with the reason.
     Call it before loading the model: it fails in a second, not after minutes of loading.
     """
+    start_compilation()
     results = ResultsFolder(writable_folder(Path(folder or FLAGS.output_dir)), process_index, process_count)
     try:
         full_identity = {

@@ -18,6 +18,7 @@ LAYERS = {
     "version": 0,
     "plotting": 0,
     "distributed": 0,
+    "compilation": 0,
     "inference": 1,
     "attack": 2,
     "defense": 2,

@@ -11,7 +11,7 @@ from atp_jax.runs.fingerprints import dataset_fingerprint, model_fingerprint
 from atp_jax.runs.manifest import ManifestMismatch, ResultsFolder
 
 REPO = Path(__file__).resolve().parents[1]
-TIMING = ("seconds", "generate_seconds")
+TIMING = ("seconds", "generate_seconds", "compiles")
 
 IDENTITY = {
     "model": "m",

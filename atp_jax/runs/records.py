@@ -28,7 +28,8 @@ class AttackRecord:
     ``seconds``: the attack's time; ``prediction``/``scores``: the model's answer under the order and
     its metrics (None / {} without generation); ``trace``: the method's own diagnostics. Optional parts
     appear only when set: ``defended`` (the smoothing defense's answers) with ``defense_seconds``, and
-    ``transferred_from`` (where a replayed order came from).
+    ``transferred_from`` (where a replayed order came from), ``compiles`` (the XLA programs the record cost
+    and the seconds spent tracing, lowering and compiling them: ``atp_jax.compilation``; a timing field).
     """
 
     id: str
@@ -47,10 +48,11 @@ class AttackRecord:
     defended: dict[str, Any] | None = None
     defense_seconds: float | None = None
     transferred_from: dict[str, Any] | None = None
+    compiles: dict[str, Any] | None = None
 
     def as_dict(self) -> dict:
         out = dataclasses.asdict(self)
-        for optional in ("defended", "defense_seconds", "transferred_from"):
+        for optional in ("defended", "defense_seconds", "transferred_from", "compiles"):
             if out[optional] is None:
                 del out[optional]
         out["row_perm"], out["col_perm"] = [int(i) for i in self.row_perm], [int(i) for i in self.col_perm]

@@ -67,6 +67,31 @@ def markdown_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def compile_rows(records: Iterable[dict]) -> list[dict]:
+    """Per attack, over the records that carry ``compiles``: the XLA programs they built (persistent-cache
+    hits among them), the seconds tracing, lowering and compiling, and the attacks' own seconds."""
+    by_attack: dict[str, list[dict]] = defaultdict(list)
+    for record in records:
+        if record.get("compiles"):
+            by_attack[record["attack"]].append(record)
+    rows = []
+    for attack, recs in by_attack.items():
+        total = {key: sum(r["compiles"][key] for r in recs) for key in recs[0]["compiles"]}
+        rows.append(
+            {
+                "attack": attack,
+                "records": len(recs),
+                "programs": total["programs"],
+                "cache_hits": total["cache_hits"],
+                "trace_s": total["trace_seconds"],
+                "lower_s": total["lower_seconds"],
+                "compile_s": total["compile_seconds"],
+                "attack_s": sum(r["seconds"] for r in recs),
+            }
+        )
+    return rows
+
+
 # --------------------------------------------------------------------------- results folders
 
 SCORE_METRICS = ("accuracy", "em", "rougeL_recall")  # the default metric: the first one recorded
