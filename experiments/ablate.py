@@ -27,16 +27,10 @@ from tqdm import tqdm
 import atp_jax
 from atp_jax.attack.presets import PRESETS, canonical, one_option_changes, preset
 from atp_jax.distributed import maybe_initialize
+from atp_jax.runs.ablation import option_rows, plot_sweeps, sweep_overrides, sweep_rows
 from atp_jax.runs.experiment import run_one
-from atp_jax.runs.report import (
-    markdown_table,
-    merge_records,
-    option_rows,
-    plot_sweeps,
-    results_files,
-    sweep_overrides,
-    sweep_rows,
-)
+from atp_jax.runs.folders import merge_records, results_files
+from atp_jax.runs.report import markdown_table
 from atp_jax.tables.linearize import STYLES
 from atp_jax.tables.prompt import PromptStyle
 

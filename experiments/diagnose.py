@@ -36,9 +36,9 @@ from atp_jax.inference.qa import answer_losses
 from atp_jax.models.loading import DEFAULT_MODEL
 from atp_jax.runs.experiment import environment
 from atp_jax.runs.fingerprints import dataset_fingerprint, model_fingerprint
+from atp_jax.runs.folders import load_run
 from atp_jax.runs.manifest import ManifestMismatch, ResultsFolder, provenance
 from atp_jax.runs.records import read_records
-from atp_jax.runs.report import load_run
 from atp_jax.tables.layout import build_layout
 from atp_jax.tables.prompt import PromptStyle
 

@@ -18,12 +18,11 @@ from pathlib import Path
 
 from absl import app, flags
 
+from atp_jax.runs.defense_report import defense_metrics, defense_table
+from atp_jax.runs.folders import load_run
 from atp_jax.runs.report import (
     LOSS_METRIC,
     comparison_markdown,
-    defense_metrics,
-    defense_table,
-    load_run,
     paired_comparisons,
     plot_scores,
     score_csv,

@@ -29,9 +29,10 @@ from atp_jax.distributed import maybe_initialize
 from atp_jax.eval.judge import PAPER_JUDGE_PROMPT, ModelJudge, OpenAICompatibleJudge
 from atp_jax.eval.scoring import Scorer, metric_names
 from atp_jax.models.loading import DEFAULT_MODEL
+from atp_jax.runs.defense_report import defense_table
 from atp_jax.runs.experiment import run_one
 from atp_jax.runs.records import AttackRecord, read_records
-from atp_jax.runs.report import compile_rows, defense_table, markdown_table, summarize
+from atp_jax.runs.report import compile_rows, markdown_table, summarize
 from atp_jax.tables.linearize import STYLES
 from atp_jax.tables.prompt import ANSWER_FORMATS, PromptStyle
 

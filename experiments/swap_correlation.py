@@ -32,8 +32,8 @@ from atp_jax.attack.problem import AttackInputError, make_problem
 from atp_jax.attack.result import Evaluator
 from atp_jax.attack.search import swap_rank_correlation
 from atp_jax.inference.qa import InputTooLong
+from atp_jax.runs.folders import load_run
 from atp_jax.runs.records import read_records
-from atp_jax.runs.report import load_run
 from atp_jax.tables.linearize import STYLES
 from atp_jax.tables.prompt import PromptStyle
 

@@ -26,9 +26,10 @@ from atp_jax.data.datasets import load_dataset
 from atp_jax.distributed import MODES, maybe_initialize
 from atp_jax.runs.experiment import environment, replay
 from atp_jax.runs.fingerprints import dataset_fingerprint, model_fingerprint
+from atp_jax.runs.folders import load_run
 from atp_jax.runs.manifest import ManifestMismatch, ResultsFolder, provenance
 from atp_jax.runs.records import read_records
-from atp_jax.runs.report import load_run, markdown_table, summarize
+from atp_jax.runs.report import markdown_table, summarize
 from atp_jax.tables.linearize import STYLES
 from atp_jax.tables.prompt import PromptStyle
 

@@ -12,19 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from atp_jax.runs.ablation import plot_sweeps, sweep_rows, sweep_value
+from atp_jax.runs.folders import load_run, results_files
 from atp_jax.runs.records import append_record
-from atp_jax.runs.report import (
-    bootstrap_ci,
-    load_run,
-    plot_scores,
-    plot_sweeps,
-    results_files,
-    score_csv,
-    score_markdown,
-    score_tables,
-    sweep_rows,
-    sweep_value,
-)
+from atp_jax.runs.report import bootstrap_ci, plot_scores, score_csv, score_markdown, score_tables
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -382,7 +373,7 @@ def test_paired_comparisons_by_hand():
 
 
 def test_option_rows_by_hand():
-    from atp_jax.runs.report import option_rows
+    from atp_jax.runs.ablation import option_rows
 
     records = [
         rec("e1", "atp_st", 2.0),

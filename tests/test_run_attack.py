@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from atp_jax.models import zoo
-from atp_jax.runs.report import load_run
+from atp_jax.runs.folders import load_run
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "smollm2-135m-instruct"

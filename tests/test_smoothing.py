@@ -22,9 +22,9 @@ from atp_jax.defense.smoothing import (
     vote,
 )
 from atp_jax.inference.qa import answers
+from atp_jax.runs.defense_report import defense_metric, defense_rows, defense_table
 from atp_jax.runs.experiment import run_one
 from atp_jax.runs.records import append_record
-from atp_jax.runs.report import defense_metric, defense_rows, defense_table
 from atp_jax.tables.normalize import normalize_wtq
 from atp_jax.tables.prompt import PromptStyle
 from atp_jax.tables.table import Example, Table

@@ -1,28 +1,26 @@
-"""Summaries of result records: per-run attack summaries, the paper-style score tables over results
-folders (merged shards, bootstrap intervals, markdown/CSV/bar chart), ablation sweeps, and scores under
-the permutation-smoothing defense."""
+"""Summaries of result records: per-run attack summaries, compile costs, and the paper-style score tables
+over results folders (bootstrap intervals, paired comparisons, markdown/CSV/bar chart). Reading folders
+is :mod:`atp_jax.runs.folders`; sweeps :mod:`atp_jax.runs.ablation`; the defense :mod:`atp_jax.runs.defense_report`."""
 
 from __future__ import annotations
 
 import csv
 import dataclasses
 import io
-import json
 import os
-import re
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable
-from pathlib import Path
 
 import numpy as np
 
-from atp_jax.attack.presets import PRESETS, control_pairs, preset
+from atp_jax.attack.presets import control_pairs
 from atp_jax.plotting import new_figure
-from atp_jax.runs.manifest import ResultsFolder
-from atp_jax.runs.records import read_records
+from atp_jax.runs.folders import Run
 
 REFERENCE_ATTACK = "best_of_k"
+SCORE_METRICS = ("accuracy", "em", "rougeL_recall")  # the default metric: the first one recorded
+LOSS_METRIC = "answer_loss"
 
 
 def _is_score(value) -> bool:
@@ -92,84 +90,6 @@ def compile_rows(records: Iterable[dict]) -> list[dict]:
     return rows
 
 
-# --------------------------------------------------------------------------- results folders
-
-SCORE_METRICS = ("accuracy", "em", "rougeL_recall")  # the default metric: the first one recorded
-LOSS_METRIC = "answer_loss"
-
-
-def results_files(folder: str | os.PathLike) -> list[Path]:
-    """``results.jsonl`` then ``results.shardK.jsonl`` by K: the record files of one results folder."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise FileNotFoundError(f"results folder {folder} does not exist; pass the --output_dir of a run")
-    files = ResultsFolder.record_files(folder)
-    if not files:
-        raise FileNotFoundError(
-            f"no results.jsonl or results.shard*.jsonl in {folder}; pass the --output_dir "
-            "of run_attack.py, ablate.py or transfer.py"
-        )
-    return files
-
-
-def merge_records(paths: Iterable[str | os.PathLike]) -> list[dict]:
-    """The records of ``paths`` in order, one per (id, attack): the first occurrence wins (a shard rerun
-    under another process count may record a pair again)."""
-    seen, merged = set(), []
-    for path in paths:
-        for record in read_records(path):
-            key = (record["id"], record["attack"])
-            if key not in seen:
-                seen.add(key)
-                merged.append(record)
-    return merged
-
-
-@dataclasses.dataclass(frozen=True)
-class Run:
-    """One results folder: its manifest (``run.json``, or the first shard's) and merged records."""
-
-    folder: Path
-    manifest: dict
-    records: list[dict]
-
-    @property
-    def model(self) -> str:
-        return self.manifest["model"]
-
-    @property
-    def dataset(self) -> str:
-        return self.manifest.get("dataset", "?")
-
-
-def load_manifest(folder: str | os.PathLike) -> dict:
-    """``run.json``, or ``run.shardK.json`` of the lowest K; every shard must name the same model/dataset."""
-    folder = Path(folder)
-    paths = ResultsFolder.manifest_files(folder)
-    if not paths:
-        raise FileNotFoundError(
-            f"no run.json or run.shard*.json in {folder}: the manifest names the model; "
-            'rerun the binary that wrote the results, or write one with a "model" key'
-        )
-    manifests = [json.loads(p.read_text()) for p in paths]
-    for path, manifest in zip(paths, manifests):
-        if "model" not in manifest:
-            raise ValueError(f'{path} has no "model" key; add the model\'s name to it')
-        for key in ("model", "dataset"):
-            if manifest.get(key) != manifests[0].get(key):
-                raise ValueError(
-                    f"{path} says {key}={manifest.get(key)!r} but {paths[0]} says "
-                    f"{manifests[0].get(key)!r}: one folder must hold one run; move it out"
-                )
-    return manifests[0]
-
-
-def load_run(folder: str | os.PathLike) -> Run:
-    """Manifest and merged records (all shards, first (id, attack) kept) of one results folder."""
-    records = merge_records(results_files(folder))  # first: its error says whether the folder exists
-    return Run(Path(folder), load_manifest(folder), records)
-
-
 # --------------------------------------------------------------------------- aggregation
 
 
@@ -192,7 +112,7 @@ def available_metrics(records: Iterable[dict]) -> list[str]:
     return scores + loss
 
 
-def _pick_metric(available: list[str], requested: str | None, where: str, hint: str, preference) -> str:
+def pick_metric(available: list[str], requested: str | None, where: str, hint: str, preference) -> str:
     """``requested`` if it is in ``available`` (else an error naming ``where`` and ``hint``); by default the
     first of ``preference`` that is available."""
     if requested is not None:
@@ -211,7 +131,7 @@ def choose_metric(records: Iterable[dict], requested: str | None = None, where: 
     """``requested`` when recorded; by default the first of ``SCORE_METRICS`` recorded, else ``answer_loss``."""
     available = available_metrics(records)
     hint = "runs with --nogenerate have no scores" if available else "every record was skipped"
-    return _pick_metric(available, requested, where, hint, (*SCORE_METRICS, LOSS_METRIC))
+    return pick_metric(available, requested, where, hint, (*SCORE_METRICS, LOSS_METRIC))
 
 
 def bootstrap_ci(values, level: float = 0.95, resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
@@ -442,180 +362,3 @@ def plot_scores(tables: list[ScoreTable], path: str | os.PathLike) -> None:
         ax.set_title(t.dataset)
         ax.legend(fontsize="small")
     figure.savefig(path, dpi=150)
-
-
-# --------------------------------------------------------------------------- ablations
-
-# A swept parameter -> the config fields it sets (λ sets λ_r and λ_c together).
-SWEPT_FIELDS = {"lambda": ("lambda_row", "lambda_col"), "n_attack": ("n_attack",), "lr": ("lr",)}
-
-
-def sweep_overrides(parameter: str, value: float) -> dict:
-    """The config overrides of one sweep point (``ablate.py`` names the point ``canonical(base, **these)``)."""
-    return {field: value for field in SWEPT_FIELDS[parameter]}
-
-
-def sweep_value(name: str, parameter: str) -> float | None:
-    """The swept ``parameter``'s value in attack spec ``name``, or None when ``name`` is not a point of that
-    sweep (it changes other fields of its preset, or is not a spec at all)."""
-    try:
-        config = preset(name)
-    except ValueError:
-        return None
-    base = PRESETS[name.partition("@")[0]]
-    fields = SWEPT_FIELDS[parameter]
-    if not all(hasattr(config, f) for f in fields):
-        return None
-    changed = {f.name for f in dataclasses.fields(config) if getattr(config, f.name) != getattr(base, f.name)}
-    values = {getattr(config, f) for f in fields}
-    return float(values.pop()) if changed <= set(fields) and len(values) == 1 else None
-
-
-def sweep_rows(records: Iterable[dict], parameter: str, metric: str | None = None) -> list[dict]:
-    """Table-5-style rows of one sweep, by value: examples, mean loss, mean clean loss, mean ``metric``
-    (default: the first recorded of ``SCORE_METRICS``; omitted when none was recorded)."""
-    records = [r for r in records if "skipped" not in r]
-    points: dict[float, list[dict]] = defaultdict(list)
-    for r in records:
-        value = sweep_value(r["attack"], parameter)
-        if value is not None:
-            points[value].append(r)
-    if metric is None:
-        metric = next((m for m in SCORE_METRICS if m in available_metrics(records)), None)
-    rows = []
-    for value in sorted(points):
-        recs = points[value]
-        row = {
-            parameter: int(value) if value.is_integer() else value,
-            "examples": len(recs),
-            "mean_loss": statistics.fmean(r["answer_loss"] for r in recs),
-            "mean_clean_loss": statistics.fmean(r["clean_loss"] for r in recs),
-        }
-        if metric is not None:
-            values = [v for r in recs if (v := metric_value(r, metric)) is not None]
-            row[f"mean_{metric}"] = statistics.fmean(values) if values else float("nan")
-        rows.append(row)
-    return rows
-
-
-def plot_sweeps(sweeps: dict[str, list[dict]], path: str | os.PathLike) -> None:
-    """Figure-6-style PNG: a panel per swept parameter, mean loss (left axis) and, where recorded, the
-    mean score (right axis) against the parameter's value."""
-    sweeps = {p: rows for p, rows in sweeps.items() if rows}
-    if not sweeps:
-        raise ValueError("plot_sweeps: no sweep has any recorded point")
-    figure = new_figure(4.5 * len(sweeps), 3.5)
-    axes = figure.subplots(1, len(sweeps), squeeze=False)[0]
-    for ax, (parameter, rows) in zip(axes, sweeps.items()):
-        x = [row[parameter] for row in rows]
-        ax.plot(x, [row["mean_loss"] for row in rows], "o-", color="tab:red")
-        ax.set_xticks(x)
-        ax.ticklabel_format(axis="y", useOffset=False)
-        ax.set_xlabel(parameter)
-        ax.set_title(f"{parameter} sweep")
-        ax.set_ylabel("mean answer loss", color="tab:red")
-        score_keys = [k for k in rows[0] if k.startswith("mean_") and k not in ("mean_loss", "mean_clean_loss")]
-        if score_keys:
-            twin = ax.twinx()
-            twin.plot(x, [row[score_keys[0]] for row in rows], "s--", color="tab:blue")
-            twin.set_ylabel(score_keys[0].removeprefix("mean_"), color="tab:blue")
-            twin.ticklabel_format(axis="y", useOffset=False)
-    figure.savefig(path, dpi=150)
-
-
-def option_rows(records: Iterable[dict], base: str, metric: str = LOSS_METRIC, seed: int = 0) -> list[dict]:
-    """Rows of a one-option-at-a-time ablation (``ablate.py --sweeps options``): for each recorded variant
-    ``base@change``, its mean ``metric`` and its paired difference from ``base`` on their common examples
-    (95% bootstrap interval; on how many examples the variant is higher). The base comes first."""
-    records = [r for r in records if "skipped" not in r]
-    variants = list(dict.fromkeys(r["attack"] for r in records if r["attack"].startswith(f"{base}@")))
-    compared = {c["attack"]: c for c in paired_comparisons(records, [(v, base) for v in variants], metric, seed=seed)}
-    rows = []
-    for attack in (base, *variants):
-        values = [v for r in records if r["attack"] == attack and (v := metric_value(r, metric)) is not None]
-        if not values:
-            continue
-        row = {"attack": attack, "examples": len(values), f"mean_{metric}": statistics.fmean(values)}
-        if attack in compared:
-            c = compared[attack]
-            row[f"minus_{base}"] = f"{c['mean_difference']:+.3f} [{c['ci_low']:+.3f}, {c['ci_high']:+.3f}]"
-            row["higher_on"] = c["higher"]
-        rows.append(row)
-    return rows
-
-
-# --------------------------------------------------------------------------- defenses
-
-_DEFENSE = re.compile(r"smooth_k(\d+)")
-
-
-def defense_metrics(records: Iterable[dict]) -> list[str]:
-    """Score metrics recorded under ``defended`` (sorted)."""
-    return sorted(
-        {
-            m
-            for r in records
-            if "skipped" not in r
-            for entry in (r.get("defended") or {}).values()
-            for m, v in (entry.get("scores") or {}).items()
-            if v is not None
-        }
-    )
-
-
-def defense_metric(records: Iterable[dict], requested: str | None = None) -> str:
-    """``requested`` when recorded under ``defended``; by default the first of ``SCORE_METRICS`` recorded
-    there, else the first recorded."""
-    available = defense_metrics(records)
-    return _pick_metric(
-        available,
-        requested,
-        "the defended answers",
-        "run_attack.py --smoothing_k with --generate records them",
-        (*SCORE_METRICS, *available),
-    )
-
-
-def defense_rows(records: Iterable[dict], metric: str | None = None) -> list[dict]:
-    """Per attack, over its records that carry ``defended``: examples, the mean undefended ``metric`` and
-    its mean under each ``smooth_kK`` (columns ``k=K`` by K), then the mean vote agreement at the largest
-    K. ``metric``: as ``defense_metric``. A cell averages the records that have it (all of them, unless
-    runs with different ``--smoothing_k`` were merged); none at all gives ``[]``."""
-    records = [r for r in records if "skipped" not in r and r.get("defended")]
-    if not records:
-        return []
-    metric = defense_metric(records, metric)
-    ks = sorted({int(m[1]) for r in records for key in r["defended"] if (m := _DEFENSE.fullmatch(key))})
-    by_attack: dict[str, list[dict]] = defaultdict(list)
-    for r in records:
-        by_attack[r["attack"]].append(r)
-
-    def mean(values):
-        values = [v for v in values if v is not None]
-        return statistics.fmean(values) if values else float("nan")
-
-    rows = []
-    for attack, recs in by_attack.items():
-        row = {
-            "attack": attack,
-            "examples": len(recs),
-            "undefended": mean((r.get("scores") or {}).get(metric) for r in recs),
-        }
-        for k in ks:
-            entries = [e for r in recs if (e := r["defended"].get(f"smooth_k{k}")) is not None]
-            row[f"k={k}"] = mean((e.get("scores") or {}).get(metric) for e in entries)
-        if ks:
-            entries = [e for r in recs if (e := r["defended"].get(f"smooth_k{ks[-1]}")) is not None]
-            row[f"agreement k={ks[-1]}"] = mean(e.get("agreement") for e in entries)
-        rows.append(row)
-    return rows
-
-
-def defense_table(records: Iterable[dict], metric: str | None = None) -> str:
-    """``defense_rows`` as a titled markdown table: rows attacks, columns undefended and k=1, k=5, …"""
-    records = [r for r in records if "skipped" not in r and r.get("defended")]
-    if not records:
-        return "(no defended records)"
-    metric = defense_metric(records, metric)
-    title = f"mean {metric}: undefended vs. permutation smoothing over k random orders (majority vote)"
-    return title + "\n\n" + markdown_table(defense_rows(records, metric))
