@@ -22,14 +22,13 @@ from pathlib import Path
 
 import selection  # experiments/selection.py: the flags every binary shares
 from absl import app, flags
-from tqdm import tqdm
 
 import atp_jax
 from atp_jax.attack.presets import PRESETS, canonical, one_option_changes, preset
 from atp_jax.distributed import maybe_initialize
 from atp_jax.runs.ablation import option_rows, plot_sweeps, sweep_overrides, sweep_rows
-from atp_jax.runs.experiment import run_one
 from atp_jax.runs.folders import merge_records, results_files
+from atp_jax.runs.loop import Job, pending, run_pending
 from atp_jax.runs.report import markdown_table
 from atp_jax.tables.linearize import STYLES
 from atp_jax.tables.prompt import PromptStyle
@@ -147,29 +146,21 @@ def main(argv):
     except (ValueError, OSError) as e:  # a corrupt or truncated file, a config the decoder cannot take
         sys.exit(f"--model {FLAGS.model}: {e}")
 
-    points = [(p, name) for p, configs in sweeps.items() for name in configs]
-    todo = [(ex, p, n) for ex in examples for p, n in points if (p, ex.id, n) not in done]
-    print(f"{len(examples)} examples x {len(points)} sweep points: {len(done)} recorded, {len(todo)} to run")
-    bar = tqdm(total=len(todo), desc="ablating")
-    for example in examples:
-        problems = {}  # one precomputation per example, shared by every sweep point
-        for parameter, name in points:
-            if (parameter, example.id, name) in done:
-                continue
-            record = run_one(
-                model,
-                example,
-                name,
-                sweeps[parameter][name],
-                style,
-                problems=problems,
-                generate=FLAGS.generate,
-                max_new_tokens=FLAGS.max_new_tokens,
-                memory_budget_bytes=selection.memory_budget(),
-            )
-            folders[parameter].append(record)
-            bar.update()
-    bar.close()
+    jobs = [Job(folders[p], name, config) for p, configs in sweeps.items() for name, config in configs.items()]
+    print(
+        f"{len(examples)} examples x {len(jobs)} sweep points: {len(done)} recorded, "
+        f"{len(pending(examples, jobs))} to run"
+    )
+    run_pending(
+        model,
+        examples,
+        jobs,
+        style,
+        desc="ablating",
+        generate=FLAGS.generate,
+        max_new_tokens=FLAGS.max_new_tokens,
+        memory_budget_bytes=selection.memory_budget(),
+    )
 
     # Every shard in the folders: the table covers whatever all processes have recorded so far.
     rows = {p: sweep_rows(merge_records(results_files(out / p)), p) for p in sweeps if p != "options"}

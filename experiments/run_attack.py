@@ -19,19 +19,17 @@ import sys
 
 import selection  # experiments/selection.py: the flags every binary shares
 from absl import app, flags
-from tqdm import tqdm
 
 import atp_jax
 from atp_jax.attack.presets import ATTACK_GROUPS, PRESETS, attack_names, canonical, preset
-from atp_jax.compilation import compile_totals
 from atp_jax.defense.smoothing import SmoothingConfig
 from atp_jax.distributed import maybe_initialize
 from atp_jax.eval.judge import PAPER_JUDGE_PROMPT, ModelJudge, OpenAICompatibleJudge
 from atp_jax.eval.scoring import Scorer, metric_names
 from atp_jax.models.loading import DEFAULT_MODEL
 from atp_jax.runs.defense_report import defense_table
-from atp_jax.runs.experiment import run_one
-from atp_jax.runs.records import AttackRecord, read_records
+from atp_jax.runs.loop import Job, pending, run_pending
+from atp_jax.runs.records import read_records
 from atp_jax.runs.report import compile_rows, markdown_table, summarize
 from atp_jax.tables.linearize import STYLES
 from atp_jax.tables.prompt import ANSWER_FORMATS, PromptStyle
@@ -227,37 +225,25 @@ def main(argv):
         judge = ModelJudge.from_model(model if same else atp_jax.load_model(FLAGS.judge_model))
     scorer = Scorer(tuple(FLAGS.metrics), judge)
 
-    done = folder.done_keys()
-    todo = [(ex, name) for ex in examples for name in configs if (ex.id, name) not in done]
-    print(f"{len(examples)} examples x {len(configs)} attacks: {len(done)} recorded, {len(todo)} to run")
-    bar = tqdm(total=len(todo), desc="attacking")
+    jobs = [Job(folder, name, config) for name, config in configs.items()]
+    recorded = len(folder.done_keys())
+    print(
+        f"{len(examples)} examples x {len(configs)} attacks: {recorded} recorded, {len(pending(examples, jobs))} to run"
+    )
     running = {}
-    for example in examples:
-        problems = {}  # the example's precomputation, shared by its attacks
-        for name, config in configs.items():
-            if (example.id, name) in done:
-                continue
-            before = compile_totals()
-            record = run_one(
-                model,
-                example,
-                name,
-                config,
-                style,
-                problems=problems,
-                generate=FLAGS.generate,
-                max_new_tokens=FLAGS.max_new_tokens,
-                smoothing=smoothing,
-                smoothing_ks=smoothing_ks or None,
-                scorer=scorer,
-                memory_budget_bytes=selection.memory_budget(),
-            )
-            if isinstance(record, AttackRecord):
-                record = dataclasses.replace(record, compiles=(compile_totals() - before).as_dict())
-            folder.append(record)
-            bar.set_postfix(_running_means(record.as_dict(), running), refresh=False)
-            bar.update()
-    bar.close()
+    run_pending(
+        model,
+        examples,
+        jobs,
+        style,
+        on_record=lambda record: _running_means(record.as_dict(), running),
+        generate=FLAGS.generate,
+        max_new_tokens=FLAGS.max_new_tokens,
+        smoothing=smoothing,
+        smoothing_ks=smoothing_ks or None,
+        scorer=scorer,
+        memory_budget_bytes=selection.memory_budget(),
+    )
     records = [r for r in read_records(folder.results_file) if "skipped" not in r]
     print(markdown_table(summarize(records)))
     compiles = compile_rows(records)

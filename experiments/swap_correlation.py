@@ -23,6 +23,8 @@ import statistics
 import sys
 import time
 
+import numpy as np
+import scipy.stats
 import selection  # experiments/selection.py: the flags every binary shares
 from absl import app, flags
 from tqdm import tqdm
@@ -66,14 +68,20 @@ def compare_table(folders: list[str], attack_folders: list[str], atp_attacks: li
         runs.append((run.manifest.get("model", folder), {r["id"]: r for r in run.records if "skipped" not in r}))
     common = set.intersection(*(set(by_id) for _, by_id in runs)) if runs else set()
     header = (
-        "| model | examples | median ρ | ρ range | top-ranked swap raises loss | median best true gain | "
-        + " | ".join(f"distinct orders, {a} (median, n)" for a in atp_attacks)
-        + " |"
+        "| model | examples | median ρ | ρ range | mean ρ − first row's (95% CI) | top-ranked swap raises loss | "
+        "median best true gain | " + " | ".join(f"distinct orders, {a} (median, n)" for a in atp_attacks) + " |"
     )
-    lines = [header, "|" + "---|" * (6 + len(atp_attacks))]
+    lines = [header, "|" + "---|" * (7 + len(atp_attacks))]
+    first = None
     for i, (model, by_id) in enumerate(runs):
         rows = [by_id[k] for k in sorted(common)]
         rho = [r["spearman"] for r in rows]
+        first = rho if first is None else first
+        shift = "–"
+        if i and len(rho) > 2:
+            differences = np.asarray(rho) - np.asarray(first)  # paired: the same questions
+            interval = scipy.stats.bootstrap((differences,), np.mean, method="BCa", random_state=0).confidence_interval
+            shift = f"{differences.mean():+.3f} ({interval.low:+.3f} … {interval.high:+.3f})"
         visits = []
         attack_folder = attack_folders[i] if i < len(attack_folders) else "-"
         for spec in atp_attacks:
@@ -87,7 +95,7 @@ def compare_table(folders: list[str], attack_folders: list[str], atp_attacks: li
             ]
             visits.append(f"{statistics.median(counts):g} (n={len(counts)})" if counts else "–")
         lines.append(
-            f"| {model} | {len(rows)} | {statistics.median(rho):.3f} | {min(rho):.3f} … {max(rho):.3f} | "
+            f"| {model} | {len(rows)} | {statistics.median(rho):.3f} | {min(rho):.3f} … {max(rho):.3f} | {shift} | "
             f"{_fraction(r['gain_of_top_predicted_swap'] > 0 for r in rows)} | "
             f"{statistics.median(r['best_true_gain'] for r in rows):.3f} | " + " | ".join(visits) + " |"
         )

@@ -1,0 +1,68 @@
+"""The resumable loop every attack binary runs: each (example, attack) not yet recorded in its results folder
+is attacked and its record appended at once, so a killed run loses at most the attack in flight."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+from tqdm import tqdm
+
+from atp_jax.attack.config import AttackConfig
+from atp_jax.compilation import compile_totals
+from atp_jax.models.loading import LoadedModel
+from atp_jax.runs.experiment import run_one
+from atp_jax.runs.manifest import ResultsFolder
+from atp_jax.runs.records import AttackRecord, SkipRecord
+from atp_jax.tables.prompt import PromptStyle
+from atp_jax.tables.table import Example
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """One attack spec, recorded into ``folder``."""
+
+    folder: ResultsFolder
+    name: str
+    config: AttackConfig
+
+
+def pending(examples: Sequence[Example], jobs: Sequence[Job]) -> list[tuple[Example, Job]]:
+    """The (example, job) pairs their folders have not recorded, in run order (example by example)."""
+    done = {folder: folder.done_keys() for folder in {job.folder for job in jobs}}
+    return [(ex, job) for ex in examples for job in jobs if (ex.id, job.name) not in done[job.folder]]
+
+
+def run_pending(
+    model: LoadedModel,
+    examples: Sequence[Example],
+    jobs: Sequence[Job],
+    style: PromptStyle,
+    *,
+    on_record: Callable[[AttackRecord | SkipRecord], dict | None] | None = None,
+    desc: str = "attacking",
+    **run_options,
+) -> int:
+    """Runs every pending (example, job) with ``run_one(..., **run_options)``; returns how many ran.
+
+    An example's precomputation is shared by its attacks; each record carries the compiles it cost
+    (``compiles``). ``on_record`` sees each record as it is written and may return a progress-bar postfix.
+    """
+    todo = pending(examples, jobs)
+    bar = tqdm(total=len(todo), desc=desc)
+    problems_of: dict[str, dict] = {}
+    for example, job in todo:
+        problems = problems_of.setdefault(example.id, {})
+        if len(problems_of) > 1:  # the previous example is done with: free its precomputation
+            problems_of = {example.id: problems}
+        before = compile_totals()
+        record = run_one(model, example, job.name, job.config, style, problems=problems, **run_options)
+        if isinstance(record, AttackRecord):
+            record = dataclasses.replace(record, compiles=(compile_totals() - before).as_dict())
+        job.folder.append(record)
+        postfix = on_record(record) if on_record is not None else None
+        if postfix:
+            bar.set_postfix(postfix, refresh=False)
+        bar.update()
+    bar.close()
+    return len(todo)
