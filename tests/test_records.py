@@ -164,3 +164,26 @@ def test_run_one_record_and_its_replay_match_the_rerendered_loss(tiny, tmp_path)
     path = tmp_path / "results.jsonl"
     append_record(path, replayed)
     assert json.loads(path.read_text()) == replayed
+
+
+def test_pending_skips_what_each_folder_recorded(tmp_path):
+    from atp_jax.runs.loop import Job, pending
+
+    a, b = ResultsFolder(tmp_path / "a"), ResultsFolder(tmp_path / "b")
+    for folder in (a, b):
+        folder.path.mkdir()
+    a.append({"id": "toy", "attack": "vanilla", "answer_loss": 1.0})
+    b.append({"id": "toy", "attack": "paper", "skipped": "too long"})
+    jobs = [
+        Job(a, "vanilla", preset("vanilla")),
+        Job(b, "vanilla", preset("vanilla")),
+        Job(b, "paper", preset("paper")),
+    ]
+    other = Example("q?", Table(["h"], [["x"], ["y"]]), ("x",), id="other")
+    todo = pending([EXAMPLE, other], jobs)
+    assert [(ex.id, job.folder.path.name, job.name) for ex, job in todo] == [
+        ("toy", "b", "vanilla"),
+        ("other", "a", "vanilla"),
+        ("other", "b", "vanilla"),
+        ("other", "b", "paper"),
+    ]
