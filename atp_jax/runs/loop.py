@@ -50,11 +50,10 @@ def run_pending(
     """
     todo = pending(examples, jobs)
     bar = tqdm(total=len(todo), desc=desc)
-    problems_of: dict[str, dict] = {}
+    current, problems = None, {}
     for example, job in todo:
-        problems = problems_of.setdefault(example.id, {})
-        if len(problems_of) > 1:  # the previous example is done with: free its precomputation
-            problems_of = {example.id: problems}
+        if example.id != current:  # pending() runs example by example: the previous one's precomputation is done with
+            current, problems = example.id, {}
         before = compile_totals()
         record = run_one(model, example, job.name, job.config, style, problems=problems, **run_options)
         if isinstance(record, AttackRecord):
