@@ -1,4 +1,4 @@
-"""experiments/ablate.py end to end on a tiny random checkpoint: a numeric sweep and the options ablation."""
+"""atp_jax/cli/ablate.py end to end on a tiny random checkpoint: a numeric sweep and the options ablation."""
 
 import json
 import subprocess
@@ -14,7 +14,8 @@ def test_ablate_records_every_point_tabulates_the_options_and_resumes(tiny_check
     out = tmp_path / "ablation"
     command = [
         sys.executable,
-        "experiments/ablate.py",
+        "-m",
+        "atp_jax.cli.ablate",
         "--model",
         str(tiny_checkpoint),
         "--attack",

@@ -1,7 +1,7 @@
 """λ and N_attack sweeps of one ATP preset (the paper's Table 5 and Figure 6), a learning-rate sweep, and an
 ablation of the engineering options (each changed alone at the same budget: ``--sweeps options``).
 
-  python experiments/ablate.py --model smollm2-135m-instruct --attack paper --num_examples 12 \
+  atp-ablate --model smollm2-135m-instruct --attack paper --num_examples 12 \
       --output_dir results/ablation
 
 For each swept value the preset runs with that override on the same examples (λ sets λ_r and λ_c;
@@ -20,11 +20,11 @@ import os
 import sys
 from pathlib import Path
 
-import selection  # experiments/selection.py: the flags every binary shares
 from absl import app, flags
 
 import atp_jax
 from atp_jax.attack.presets import PRESETS, canonical, one_option_changes, preset
+from atp_jax.cli import selection
 from atp_jax.distributed import maybe_initialize
 from atp_jax.runs.ablation import option_rows, plot_sweeps, sweep_overrides, sweep_rows
 from atp_jax.runs.folders import merge_records, results_files
@@ -178,6 +178,11 @@ def main(argv):
     print("wrote", ", ".join(map(str, written)))
 
 
-if __name__ == "__main__":
+def run() -> None:
+    """The console script ``atp-ablate``."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     app.run(main)
+
+
+if __name__ == "__main__":
+    run()

@@ -1,8 +1,8 @@
 """Answers table questions with a model: one toy question, or a dataset with its score.
 
-python experiments/answer.py                                   # the default model on a toy table
-python experiments/answer.py --model smollm2-135m-instruct --question "Who has 7 goals?"
-python experiments/answer.py --dataset sample --num_examples 180 # vanilla accuracy on the sample
+atp-answer                                           # the default model on a toy table
+atp-answer --model smollm2-135m-instruct --question "Who has 7 goals?"
+atp-answer --dataset sample --num_examples 180       # vanilla accuracy on the sample
 """
 
 from __future__ import annotations
@@ -68,5 +68,10 @@ def main(argv):
     )
 
 
-if __name__ == "__main__":
+def run() -> None:
+    """The console script ``atp-answer``."""
     app.run(main)
+
+
+if __name__ == "__main__":
+    run()

@@ -1,7 +1,7 @@
 """Median time of the hard projection, host (SciPy callback) vs device (optax Hungarian), under jit.
 
 Usage:
-  python experiments/bench_hungarian.py [--batch_sizes=1,4,16] [--ks=5,10,30] [--num_runs=9]
+  atp-bench-hungarian [--batch_sizes=1,4,16] [--ks=5,10,30] [--num_runs=9]
 
 Each (R, k) case projects a [R, k, k] batch of Sinkhorn outputs with `jit(vmap(project))`. Both methods
 are compiled and warmed up first, then timed alternately in the same process (host, device, host, ...)
@@ -67,5 +67,10 @@ def main(argv):
             )
 
 
-if __name__ == "__main__":
+def run() -> None:
+    """The console script ``atp-bench-hungarian``."""
     app.run(main)
+
+
+if __name__ == "__main__":
+    run()

@@ -5,9 +5,9 @@ Variants run in one process, alternating round by round so machine drift hits al
 is the median of ``--repeats`` runs after a warm-up call, whose time (compile included) is reported
 separately.
 
-  python experiments/benchmark.py --model smollm2-135m-instruct --tokens 256
-  python experiments/benchmark.py --model qwen2.5-coder-1.5b-instruct --repeats 3
-  python experiments/benchmark.py --model config:llama-3.1-8b --dtype bfloat16 --variants fwd,fwd_bwd,matmul_peak
+  atp-benchmark --model smollm2-135m-instruct --tokens 256
+  atp-benchmark --model qwen2.5-coder-1.5b-instruct --repeats 3
+  atp-benchmark --model config:llama-3.1-8b --dtype bfloat16 --variants fwd,fwd_bwd,matmul_peak
 """
 
 from __future__ import annotations
@@ -410,5 +410,10 @@ def main(argv):
             json.dump(figures, f, indent=2)
 
 
-if __name__ == "__main__":
+def run() -> None:
+    """The console script ``atp-benchmark``."""
     app.run(main)
+
+
+if __name__ == "__main__":
+    run()

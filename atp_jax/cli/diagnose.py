@@ -1,7 +1,7 @@
 """Attention diagnostics, original vs adversarial order (paper appendix A.4, Table 3, Figures 4-5).
 
-  python experiments/diagnose.py --num_examples 20 --attack best_of_k --output_dir results/diagnose
-  python experiments/diagnose.py --results results/qwen --attack evolution --output_dir results/diagnose
+  atp-diagnose --num_examples 20 --attack best_of_k --output_dir results/diagnose
+  atp-diagnose --results results/qwen --attack evolution --output_dir results/diagnose
 
 For every example the model reads the prompt plus the reference answer twice: in the table's original
 order and in the order an attack chose, taken from a results folder (``--results``, the record of
@@ -23,13 +23,13 @@ import os
 import sys
 from pathlib import Path
 
-import selection  # experiments/selection.py: the flags every binary shares
 from absl import app, flags
 from tqdm import tqdm
 
 import atp_jax
 from atp_jax.attack.presets import PRESETS, preset
 from atp_jax.attack.problem import AttackInputError
+from atp_jax.cli import selection
 from atp_jax.diagnostics.attention import diagnose
 from atp_jax.diagnostics.summary import diagnosis_json, plot_heatmaps, plot_layers, summarize_pairs, summary_markdown
 from atp_jax.inference.qa import answer_losses
@@ -151,6 +151,11 @@ def main(argv):
     print(text)
 
 
-if __name__ == "__main__":
+def run() -> None:
+    """The console script ``atp-diagnose``."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     app.run(main)
+
+
+if __name__ == "__main__":
+    run()

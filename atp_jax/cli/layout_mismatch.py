@@ -12,7 +12,7 @@ and, for permuted mismatches, the token-length difference and the share of diffe
 (tokens in regions that differ, aligning both lists at shared byte offsets). Mismatching cells are located
 and shown for the styles in ``--show_styles``.
 
-  python experiments/layout_mismatch.py --data_dir /work/shared/data --json_out /tmp/mismatch.json
+  atp-layout-mismatch --data_dir /work/shared/data --json_out /tmp/mismatch.json
 """
 
 from __future__ import annotations
@@ -305,5 +305,10 @@ def main(argv):
             )
 
 
-if __name__ == "__main__":
+def run() -> None:
+    """The console script ``atp-layout-mismatch``."""
     app.run(main)
+
+
+if __name__ == "__main__":
+    run()

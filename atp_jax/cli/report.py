@@ -1,6 +1,6 @@
 """The paper-style results table over one or more results folders: models x attacks, per dataset.
 
-  python experiments/report.py --results results/smollm,results/qwen --ci --output results/table
+  atp-report --results results/smollm,results/qwen --ci --output results/table
 
 Each folder's ``results.jsonl`` and ``results.shard*.jsonl`` are merged (a pair (id, attack) recorded
 twice counts once, the first time); its ``run.json`` names the model (the row) and the dataset (the
@@ -92,5 +92,10 @@ def main(argv):
         print(f"wrote {prefix}.md, {prefix}.csv, {prefix}.png")
 
 
-if __name__ == "__main__":
+def run() -> None:
+    """The console script ``atp-report``."""
     app.run(main)
+
+
+if __name__ == "__main__":
+    run()

@@ -1,6 +1,6 @@
 """Runs attacks on table-QA examples and records one result per (example, attack).
 
-  python experiments/run_attack.py --model smollm2-135m-instruct --num_examples 12 \
+  atp-attack --model smollm2-135m-instruct --num_examples 12 \
       --attacks vanilla,best_of_k,paper,search,search_reversed,search_random --output_dir results/smollm
 
 Results go to ``OUTPUT_DIR/results.jsonl`` (or ``results.shardK.jsonl`` per process), appended
@@ -17,11 +17,11 @@ import importlib
 import os
 import sys
 
-import selection  # experiments/selection.py: the flags every binary shares
 from absl import app, flags
 
 import atp_jax
 from atp_jax.attack.presets import ATTACK_GROUPS, PRESETS, attack_names, canonical, preset
+from atp_jax.cli import selection
 from atp_jax.defense.smoothing import SmoothingConfig
 from atp_jax.distributed import maybe_initialize
 from atp_jax.eval.judge import PAPER_JUDGE_PROMPT, ModelJudge, OpenAICompatibleJudge
@@ -254,6 +254,11 @@ def main(argv):
         print(defense_table(records))
 
 
-if __name__ == "__main__":
+def run() -> None:
+    """The console script ``atp-attack``."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     app.run(main)
+
+
+if __name__ == "__main__":
+    run()

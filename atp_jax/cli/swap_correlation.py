@@ -1,9 +1,9 @@
 """Does the gradient know which swaps hurt? Spearman correlation between the first-order prediction and the
 true objective change of every single row/column swap at the original order, per example.
 
-  python experiments/swap_correlation.py --model smollm2-135m-instruct --num_examples 12 \
+  atp-swap-correlation --model smollm2-135m-instruct --num_examples 12 \
       --output_dir results/swap_rank/smollm2-135m-instruct
-  python experiments/swap_correlation.py --compare results/swap_rank/a,results/swap_rank/b \
+  atp-swap-correlation --compare results/swap_rank/a,results/swap_rank/b \
       --attack_results results/a,results/b
 
 Each example's figures are one record (``attack`` = ``swap_rank``) in ``OUTPUT_DIR/results.jsonl``,
@@ -25,7 +25,6 @@ import time
 
 import numpy as np
 import scipy.stats
-import selection  # experiments/selection.py: the flags every binary shares
 from absl import app, flags
 from tqdm import tqdm
 
@@ -33,6 +32,7 @@ import atp_jax
 from atp_jax.attack.problem import AttackInputError, make_problem
 from atp_jax.attack.result import Evaluator
 from atp_jax.attack.search import swap_rank_correlation
+from atp_jax.cli import selection
 from atp_jax.inference.qa import InputTooLong
 from atp_jax.runs.folders import load_run
 from atp_jax.runs.records import read_records
@@ -156,6 +156,11 @@ def main(argv):
         print(json.dumps({"median_spearman": statistics.median(r["spearman"] for r in rows), "examples": len(rows)}))
 
 
-if __name__ == "__main__":
+def run() -> None:
+    """The console script ``atp-swap-correlation``."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     app.run(main)
+
+
+if __name__ == "__main__":
+    run()

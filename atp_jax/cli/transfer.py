@@ -1,6 +1,6 @@
 """Replays the orders found in one run on another model and/or prompt style (transfer of attacks).
 
-  python experiments/transfer.py --results results/smollm --model qwen2.5-coder-0.5b-instruct \
+  atp-transfer --results results/smollm --model qwen2.5-coder-0.5b-instruct \
       --output_dir results/smollm_to_qwen --generate
 
 Every (example, attack) record of ``--results`` (all shards) is re-scored under its recorded row and
@@ -17,11 +17,11 @@ import os
 import sys
 from pathlib import Path
 
-import selection  # experiments/selection.py: the flags every binary shares
 from absl import app, flags
 from tqdm import tqdm
 
 import atp_jax
+from atp_jax.cli import selection
 from atp_jax.data.datasets import load_dataset
 from atp_jax.distributed import MODES, maybe_initialize
 from atp_jax.runs.experiment import environment, replay
@@ -158,6 +158,11 @@ def main(argv):
     print(markdown_table(summarize(r for r in read_records(folder.results_file) if "skipped" not in r)))
 
 
-if __name__ == "__main__":
+def run() -> None:
+    """The console script ``atp-transfer``."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     app.run(main)
+
+
+if __name__ == "__main__":
+    run()
