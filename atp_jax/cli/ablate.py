@@ -16,15 +16,15 @@ the line plot ``OUTPUT_DIR/ablation.png``. ``report.py --results OUTPUT_DIR/lamb
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 from pathlib import Path
 
-from absl import app, flags
+from absl import flags
 
 import atp_jax
 from atp_jax.attack.presets import PRESETS, canonical, one_option_changes, preset
 from atp_jax.cli import selection
+from atp_jax.cli.console import run_app
 from atp_jax.distributed import maybe_initialize
 from atp_jax.runs.ablation import option_rows, plot_sweeps, sweep_overrides, sweep_rows
 from atp_jax.runs.folders import merge_records, results_files
@@ -180,8 +180,7 @@ def main(argv):
 
 def run() -> None:
     """The console script ``atp-ablate``."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    app.run(main)
+    run_app(main, __doc__)
 
 
 if __name__ == "__main__":

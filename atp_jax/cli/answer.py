@@ -11,10 +11,11 @@ import json
 import statistics
 import time
 
-from absl import app, flags
+from absl import flags
 from tqdm import tqdm
 
 import atp_jax
+from atp_jax.cli.console import run_app
 from atp_jax.data.datasets import load_dataset
 from atp_jax.eval.scoring import score
 from atp_jax.inference.qa import answers
@@ -70,7 +71,7 @@ def main(argv):
 
 def run() -> None:
     """The console script ``atp-answer``."""
-    app.run(main)
+    run_app(main, __doc__)
 
 
 if __name__ == "__main__":

@@ -14,10 +14,11 @@ import time
 
 import jax
 import numpy as np
-from absl import app, flags
+from absl import flags
 
 from atp_jax.attack.hungarian import project
 from atp_jax.attack.sinkhorn import sinkhorn
+from atp_jax.cli.console import run_app
 
 _BATCH_SIZES = flags.DEFINE_list("batch_sizes", ["1", "4", "16"], "Restart counts R.")
 _KS = flags.DEFINE_list("ks", ["5", "10", "30"], "Matrix sizes k.")
@@ -69,7 +70,7 @@ def main(argv):
 
 def run() -> None:
     """The console script ``atp-bench-hungarian``."""
-    app.run(main)
+    run_app(main, __doc__)
 
 
 if __name__ == "__main__":

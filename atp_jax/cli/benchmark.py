@@ -25,6 +25,7 @@ import numpy as np
 from absl import app, flags, logging
 
 import atp_jax
+from atp_jax.cli.console import run_app
 from atp_jax.models.architectures import parameter_counts
 from atp_jax.models.params import export_hf
 
@@ -412,7 +413,7 @@ def main(argv):
 
 def run() -> None:
     """The console script ``atp-benchmark``."""
-    app.run(main)
+    run_app(main, __doc__)
 
 
 if __name__ == "__main__":

@@ -19,17 +19,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import sys
 from pathlib import Path
 
-from absl import app, flags
+from absl import flags
 from tqdm import tqdm
 
 import atp_jax
 from atp_jax.attack.presets import PRESETS, preset
 from atp_jax.attack.problem import AttackInputError
 from atp_jax.cli import selection
+from atp_jax.cli.console import run_app
 from atp_jax.diagnostics.attention import diagnose
 from atp_jax.diagnostics.summary import diagnosis_json, plot_heatmaps, plot_layers, summarize_pairs, summary_markdown
 from atp_jax.inference.qa import answer_losses
@@ -153,8 +153,7 @@ def main(argv):
 
 def run() -> None:
     """The console script ``atp-diagnose``."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    app.run(main)
+    run_app(main, __doc__)
 
 
 if __name__ == "__main__":

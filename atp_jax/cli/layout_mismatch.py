@@ -23,9 +23,10 @@ import os
 import time
 
 import numpy as np
-from absl import app, flags
+from absl import flags
 from tqdm import tqdm
 
+from atp_jax.cli.console import run_app
 from atp_jax.data.datasets import DATA_ENV_VAR, load_dataset
 from atp_jax.models import gguf, zoo
 from atp_jax.tables.layout import build_layout
@@ -307,7 +308,7 @@ def main(argv):
 
 def run() -> None:
     """The console script ``atp-layout-mismatch``."""
-    app.run(main)
+    run_app(main, __doc__)
 
 
 if __name__ == "__main__":

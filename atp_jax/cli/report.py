@@ -16,8 +16,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from absl import app, flags
+from absl import flags
 
+from atp_jax.cli.console import run_app
 from atp_jax.runs.defense_report import defense_metrics, defense_table
 from atp_jax.runs.folders import load_run
 from atp_jax.runs.report import (
@@ -94,7 +95,7 @@ def main(argv):
 
 def run() -> None:
     """The console script ``atp-report``."""
-    app.run(main)
+    run_app(main, __doc__)
 
 
 if __name__ == "__main__":

@@ -17,11 +17,12 @@ import importlib
 import os
 import sys
 
-from absl import app, flags
+from absl import flags
 
 import atp_jax
 from atp_jax.attack.presets import ATTACK_GROUPS, PRESETS, attack_names, canonical, preset
 from atp_jax.cli import selection
+from atp_jax.cli.console import run_app
 from atp_jax.defense.smoothing import SmoothingConfig
 from atp_jax.distributed import maybe_initialize
 from atp_jax.eval.judge import PAPER_JUDGE_PROMPT, ModelJudge, OpenAICompatibleJudge
@@ -256,8 +257,7 @@ def main(argv):
 
 def run() -> None:
     """The console script ``atp-attack``."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    app.run(main)
+    run_app(main, __doc__)
 
 
 if __name__ == "__main__":

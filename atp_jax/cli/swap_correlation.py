@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import statistics
 import sys
 import time
 
 import numpy as np
 import scipy.stats
-from absl import app, flags
+from absl import flags
 from tqdm import tqdm
 
 import atp_jax
@@ -33,6 +32,7 @@ from atp_jax.attack.problem import AttackInputError, make_problem
 from atp_jax.attack.result import Evaluator
 from atp_jax.attack.search import swap_rank_correlation
 from atp_jax.cli import selection
+from atp_jax.cli.console import run_app
 from atp_jax.inference.qa import InputTooLong
 from atp_jax.runs.folders import load_run
 from atp_jax.runs.records import read_records
@@ -158,8 +158,7 @@ def main(argv):
 
 def run() -> None:
     """The console script ``atp-swap-correlation``."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    app.run(main)
+    run_app(main, __doc__)
 
 
 if __name__ == "__main__":

@@ -13,15 +13,15 @@ so ``report.py --results results/smollm,results/smollm_to_qwen`` puts both in on
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 from pathlib import Path
 
-from absl import app, flags
+from absl import flags
 from tqdm import tqdm
 
 import atp_jax
 from atp_jax.cli import selection
+from atp_jax.cli.console import run_app
 from atp_jax.data.datasets import load_dataset
 from atp_jax.distributed import MODES, maybe_initialize
 from atp_jax.runs.experiment import environment, replay
@@ -160,8 +160,7 @@ def main(argv):
 
 def run() -> None:
     """The console script ``atp-transfer``."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    app.run(main)
+    run_app(main, __doc__)
 
 
 if __name__ == "__main__":
