@@ -31,6 +31,15 @@ def run_binary(binary: str, args, timeout: float = 600, env: dict | None = None)
     )
 
 
+def tensorboard_scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar series of one TensorBoard run as TensorBoard's own reader sees it: tag -> [(step, value)]."""
+    from tensorboard.backend.event_processing import event_accumulator
+
+    accumulator = event_accumulator.EventAccumulator(str(run_dir), size_guidance={event_accumulator.SCALARS: 0})
+    accumulator.Reload()
+    return {tag: [(e.step, e.value) for e in accumulator.Scalars(tag)] for tag in accumulator.Tags()["scalars"]}
+
+
 def find_shared_data() -> Path | None:
     """The folder holding ``wtq/dev.jsonl`` and ``scoring_cases/``, or None when this checkout has none."""
     candidates = [os.environ.get("ATP_JAX_DATA"), REPO / "shared" / "data", REPO.parent / "shared" / "data"]

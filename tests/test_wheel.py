@@ -110,3 +110,17 @@ def test_attack_reads_the_bundled_sample_then_names_the_missing_model(venv, tmp_
     assert done.returncode != 0
     assert NO_MODEL in done.stderr and "--dataset" not in done.stderr, done.stderr[-2000:]
     assert "Traceback" not in done.stderr, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    "flag, package, install",
+    [("--tensorboard_dir", "tensorboardX", "atp-jax[tensorboard]"), ("--wandb_project", "wandb", "pip install wandb")],
+)
+def test_a_tracking_flag_without_its_package_names_what_to_install(venv, tmp_path, flag, package, install):
+    """The base install has neither tracking backend (they are optional): the flag is refused as it is parsed."""
+    probe = _run([venv / "python", "-c", f"import {package}"], cwd=tmp_path)
+    assert probe.returncode != 0, f"{package} is installed in the fresh venv"
+    done = _run([venv / "atp-attack", flag, str(tmp_path / "x"), "--model", NO_MODEL], cwd=tmp_path)
+    assert done.returncode != 0
+    assert f"{flag}=" in done.stderr and f"needs the {package} package" in done.stderr, done.stderr[-2000:]
+    assert install in done.stderr and "nonexistent/model" not in done.stderr, done.stderr[-2000:]

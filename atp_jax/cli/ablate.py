@@ -24,7 +24,7 @@ from absl import flags
 import atp_jax
 from atp_jax.attack.presets import PRESETS, canonical, one_option_changes, preset
 from atp_jax.cli import selection
-from atp_jax.cli.console import run_app
+from atp_jax.cli.console import run_app, tag_process, tagged
 from atp_jax.distributed import maybe_initialize
 from atp_jax.runs.ablation import option_rows, plot_sweeps, sweep_overrides, sweep_rows
 from atp_jax.runs.folders import merge_records, results_files
@@ -36,7 +36,7 @@ from atp_jax.tables.prompt import PromptStyle
 SWEEPS = ("lambda", "n_attack", "lr", "options")
 
 selection.define_flags(num_examples=12)
-selection.define_run_flags(model="smollm2-135m-instruct", output_dir="results/ablation")
+selection.define_run_flags(model="smollm2-135m-instruct", output_dir="results/ablation", tracking=True)
 flags.DEFINE_enum("style", "markdown", list(STYLES), "Table linearization.")
 flags.DEFINE_string("attack", "paper", "The preset swept (an ATP preset; N_attack also takes a search preset).")
 flags.DEFINE_list(
@@ -118,6 +118,7 @@ def main(argv):
     sweeps = _sweep_configs()
     process_index = jax_index if FLAGS.process_index is None else FLAGS.process_index
     process_count = jax_count if FLAGS.process_count is None else FLAGS.process_count
+    tag_process(process_index, process_count)
     out = Path(FLAGS.output_dir)
 
     style = PromptStyle(linearization=FLAGS.style)
@@ -141,26 +142,43 @@ def main(argv):
             process_count=process_count,
         )
         done |= {(parameter, *key) for key in folders[parameter].done_keys()}
+    sinks = selection.open_sinks(
+        {**identity, "model": FLAGS.model, "dataset": FLAGS.dataset, "attack": FLAGS.attack, "sweeps": list(sweeps)},
+        process_index,
+        process_count,
+    )
     try:
         model = atp_jax.load_model(FLAGS.model)
     except (ValueError, OSError) as e:  # a corrupt or truncated file, a config the decoder cannot take
         sys.exit(f"--model {FLAGS.model}: {e}")
 
-    jobs = [Job(folders[p], name, config) for p, configs in sweeps.items() for name, config in configs.items()]
+    jobs = [
+        Job(folders[p], name, config, tracking_name=f"{p}/{name}")
+        for p, configs in sweeps.items()
+        for name, config in configs.items()
+    ]
     print(
-        f"{len(examples)} examples x {len(jobs)} sweep points: {len(done)} recorded, "
-        f"{len(pending(examples, jobs))} to run"
+        tagged(
+            f"{len(examples)} examples x {len(jobs)} sweep points: {len(done)} recorded, "
+            f"{len(pending(examples, jobs))} to run"
+        )
     )
     run_pending(
         model,
         examples,
         jobs,
         style,
+        sinks=sinks,
+        progress=process_index == 0,
         desc="ablating",
         generate=FLAGS.generate,
         max_new_tokens=FLAGS.max_new_tokens,
         memory_budget_bytes=selection.memory_budget(),
     )
+    for sink in sinks:
+        sink.close()
+    if process_index != 0:
+        return  # process 0 writes the tables and the figure: the others would race it for the same files
 
     # Every shard in the folders: the table covers whatever all processes have recorded so far.
     rows = {p: sweep_rows(merge_records(results_files(out / p)), p) for p in sweeps if p != "options"}

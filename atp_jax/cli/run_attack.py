@@ -22,7 +22,7 @@ from absl import flags
 import atp_jax
 from atp_jax.attack.presets import ATTACK_GROUPS, PRESETS, attack_names, canonical, preset
 from atp_jax.cli import selection
-from atp_jax.cli.console import run_app
+from atp_jax.cli.console import run_app, tag_process, tagged
 from atp_jax.defense.smoothing import SmoothingConfig
 from atp_jax.distributed import maybe_initialize
 from atp_jax.eval.judge import PAPER_JUDGE_PROMPT, ModelJudge, OpenAICompatibleJudge
@@ -37,7 +37,7 @@ from atp_jax.tables.prompt import ANSWER_FORMATS, PromptStyle
 
 # With no flags this is the demo (README): the paper's table on two small sample tables, ≤ 10 min on 2 CPU cores.
 selection.define_flags(num_examples=2, max_rows=8, max_cols=5)
-selection.define_run_flags(model=DEFAULT_MODEL, output_dir="results/demo")
+selection.define_run_flags(model=DEFAULT_MODEL, output_dir="results/demo", tracking=True)
 flags.DEFINE_enum("style", "markdown", list(STYLES), "Table linearization.")
 flags.DEFINE_list(
     "attack_modules",
@@ -187,6 +187,7 @@ def main(argv):
         )
     process_index = jax_index if FLAGS.process_index is None else FLAGS.process_index
     process_count = jax_count if FLAGS.process_count is None else FLAGS.process_count
+    tag_process(process_index, process_count)
     # Everything a user can get wrong is checked here, before a model is loaded.
     judge_url = _judge_from_url()
     examples = selection.examples(process_index, process_count)
@@ -215,6 +216,11 @@ def main(argv):
         process_index=process_index,
         process_count=process_count,
     )
+    sinks = selection.open_sinks(
+        {**identity, "model": FLAGS.model, "dataset": FLAGS.dataset, "attacks": list(configs)},
+        process_index,
+        process_count,
+    )
 
     try:
         model = atp_jax.load_model(FLAGS.model)
@@ -229,7 +235,10 @@ def main(argv):
     jobs = [Job(folder, name, config) for name, config in configs.items()]
     recorded = len(folder.done_keys())
     print(
-        f"{len(examples)} examples x {len(configs)} attacks: {recorded} recorded, {len(pending(examples, jobs))} to run"
+        tagged(
+            f"{len(examples)} examples x {len(configs)} attacks: {recorded} recorded, "
+            f"{len(pending(examples, jobs))} to run"
+        )
     )
     running = {}
     run_pending(
@@ -238,6 +247,8 @@ def main(argv):
         jobs,
         style,
         on_record=lambda record: _running_means(record.as_dict(), running),
+        sinks=sinks,
+        progress=process_index == 0,
         generate=FLAGS.generate,
         max_new_tokens=FLAGS.max_new_tokens,
         smoothing=smoothing,
@@ -245,7 +256,13 @@ def main(argv):
         scorer=scorer,
         memory_budget_bytes=selection.memory_budget(),
     )
+    for sink in sinks:
+        sink.close()
+    if process_index != 0:
+        return  # process 0 prints the tables: one copy per process would bury a shared log
     records = [r for r in read_records(folder.results_file) if "skipped" not in r]
+    if process_count > 1:
+        print(f"Process 0's shard (1 of {process_count}; atp-report --results {FLAGS.output_dir} merges them all):")
     print(markdown_table(summarize(records)))
     compiles = compile_rows(records)
     if compiles:

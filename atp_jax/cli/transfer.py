@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 import atp_jax
 from atp_jax.cli import selection
-from atp_jax.cli.console import run_app
+from atp_jax.cli.console import run_app, tag_process, tagged
 from atp_jax.data.datasets import load_dataset
 from atp_jax.distributed import MODES, maybe_initialize
 from atp_jax.runs.experiment import environment, replay
@@ -70,6 +70,7 @@ def main(argv):
     jax_index, jax_count = maybe_initialize(FLAGS.distributed)  # before anything creates a backend
     process_index = jax_index if FLAGS.process_index is None else FLAGS.process_index
     process_count = jax_count if FLAGS.process_count is None else FLAGS.process_count
+    tag_process(process_index, process_count)
     source_dir, out = Path(FLAGS.results), Path(FLAGS.output_dir)
     if out.resolve() == source_dir.resolve():
         sys.exit(f"--output_dir={out} is the source folder; write the transfer to a new folder")
@@ -142,8 +143,8 @@ def main(argv):
 
     done = folder.done_keys()
     by_id = {i: [r for r in records if r["id"] == i and (i, r["attack"]) not in done] for i in ids}
-    print(f"{len(ids)} examples, {sum(map(len, by_id.values()))} orders to replay ({len(done)} recorded)")
-    for example_id in tqdm(ids, desc="replaying"):
+    print(tagged(f"{len(ids)} examples, {sum(map(len, by_id.values()))} orders to replay ({len(done)} recorded)"))
+    for example_id in tqdm(ids, desc="replaying", disable=process_index != 0):
         if by_id[example_id]:
             for record in replay(
                 model,
@@ -155,6 +156,8 @@ def main(argv):
                 max_new_tokens=FLAGS.max_new_tokens,
             ):
                 folder.append(record)
+    if process_index != 0:
+        return  # process 0 prints the table: one copy per process would bury a shared log
     print(markdown_table(summarize(r for r in read_records(folder.results_file) if "skipped" not in r)))
 
 
