@@ -18,9 +18,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def run_binary(binary: str, args, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
-    """Runs ``experiments/<binary>.py`` with ``args`` from the checkout on the CPU; never raises on failure."""
+    """Runs the binary ``atp_jax/cli/<binary>.py`` with ``args`` from the checkout on the CPU (``python -m``, so
+    the checkout's package is the one imported); never raises on failure."""
     return subprocess.run(
-        [sys.executable, f"experiments/{binary}.py", *map(str, args)],
+        [sys.executable, "-m", f"atp_jax.cli.{binary}", *map(str, args)],
         cwd=REPO,
         env={**os.environ, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})},
         capture_output=True,
@@ -28,6 +29,15 @@ def run_binary(binary: str, args, timeout: float = 600, env: dict | None = None)
         timeout=timeout,
         check=False,
     )
+
+
+def tensorboard_scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar series of one TensorBoard run as TensorBoard's own reader sees it: tag -> [(step, value)]."""
+    from tensorboard.backend.event_processing import event_accumulator
+
+    accumulator = event_accumulator.EventAccumulator(str(run_dir), size_guidance={event_accumulator.SCALARS: 0})
+    accumulator.Reload()
+    return {tag: [(e.step, e.value) for e in accumulator.Scalars(tag)] for tag in accumulator.Tags()["scalars"]}
 
 
 def find_shared_data() -> Path | None:

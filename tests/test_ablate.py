@@ -1,9 +1,13 @@
-"""experiments/ablate.py end to end on a tiny random checkpoint: a numeric sweep and the options ablation."""
+"""atp_jax/cli/ablate.py end to end on a tiny random checkpoint: a numeric sweep and the options ablation, and
+what it writes to TensorBoard."""
 
 import json
 import subprocess
 import sys
 from pathlib import Path
+
+import numpy as np
+from conftest import tensorboard_scalars
 
 from atp_jax.attack.presets import attack_names, one_option_changes
 
@@ -14,7 +18,8 @@ def test_ablate_records_every_point_tabulates_the_options_and_resumes(tiny_check
     out = tmp_path / "ablation"
     command = [
         sys.executable,
-        "experiments/ablate.py",
+        "-m",
+        "atp_jax.cli.ablate",
         "--model",
         str(tiny_checkpoint),
         "--attack",
@@ -28,6 +33,8 @@ def test_ablate_records_every_point_tabulates_the_options_and_resumes(tiny_check
         "--nogenerate",
         "--output_dir",
         str(out),
+        "--tensorboard_dir",
+        str(tmp_path / "tb"),
     ]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -51,6 +58,13 @@ def test_ablate_records_every_point_tabulates_the_options_and_resumes(tiny_check
     for name in expected[1:]:
         assert f"| {name} | 1 |" in table and "minus_atp_st" in table
     assert (out / "ablation.png").read_bytes().startswith(b"\x89PNG")
+
+    # atp_st is a point of both sweeps: TensorBoard shows each sweep's record under its own name.
+    scalars = tensorboard_scalars(tmp_path / "tb")
+    lambda_record = json.loads((out / "lambda" / "results.jsonl").read_text().splitlines()[0])
+    assert scalars["lambda/atp_st/answer_loss"] == [(0, np.float32(lambda_record["answer_loss"]))]
+    assert scalars["options/atp_st/answer_loss"] == [(0, np.float32(records[0]["answer_loss"]))]
+    assert scalars["options/atp_st_init_uniform/backward_calls"] == [(0, 20.0)]
 
     again = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900, check=False)
     assert again.returncode == 0, again.stderr[-3000:]

@@ -1,4 +1,4 @@
-"""experiments/benchmark.py end to end on a tiny random checkpoint, so that the binary cannot rot.
+"""atp_jax/cli/benchmark.py end to end on a tiny random checkpoint, so that the binary cannot rot.
 
 No time is asserted: the figures must exist and the torch copy of the model must compute the same loss
 as the JAX one (an independent check of the comparison the benchmark makes).
@@ -21,7 +21,8 @@ def test_benchmark_runs_every_variant_and_reports_the_figures(tiny_checkpoint, t
     out = tmp_path / "bench.json"
     command = [
         sys.executable,
-        "experiments/benchmark.py",
+        "-m",
+        "atp_jax.cli.benchmark",
         "--model",
         str(tiny_checkpoint),
         "--tokens",

@@ -185,7 +185,8 @@ def test_diagnose_binary_writes_summary_and_pictures_and_resumes(tmp_path):
     out = tmp_path / "diag"
     command = [
         sys.executable,
-        "experiments/diagnose.py",
+        "-m",
+        "atp_jax.cli.diagnose",
         "--model",
         "smollm2-135m-instruct",
         "--num_examples",
@@ -220,7 +221,7 @@ def test_diagnose_binary_writes_summary_and_pictures_and_resumes(tmp_path):
 
 def test_diagnose_binary_rejects_an_unknown_attack(tmp_path):
     done = subprocess.run(
-        [sys.executable, "experiments/diagnose.py", "--attack", "nope", "--output_dir", str(tmp_path)],
+        [sys.executable, "-m", "atp_jax.cli.diagnose", "--attack", "nope", "--output_dir", str(tmp_path)],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -3,7 +3,8 @@
 Read from the source with ``ast`` (every import, including those inside functions), so the rule holds
 for lazy imports too. Layers, bottom up: models, tables, data and small utilities; inference; attack,
 defense and diagnostics; eval (metrics, scoring, judge); runs (orchestration, records, reports); the
-package root (the public API). A module may import its own layer or any below it.
+package root (the public API); the command-line binaries (``atp_jax.cli``). A module may import its own layer
+or any below it.
 """
 
 import ast
@@ -26,6 +27,7 @@ LAYERS = {
     "eval": 3,
     "runs": 4,
     "__init__": 5,
+    "cli": 6,
 }
 
 

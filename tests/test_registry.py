@@ -55,7 +55,8 @@ def test_the_binary_runs_a_method_registered_by_this_module(tiny_checkpoint, tmp
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join([str(REPO / "tests"), str(REPO)]))
     command = [
         sys.executable,
-        "experiments/run_attack.py",
+        "-m",
+        "atp_jax.cli.run_attack",
         "--model",
         str(tiny_checkpoint),
         "--dataset",

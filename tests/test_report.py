@@ -303,7 +303,8 @@ def test_report_binary_writes_markdown_csv_and_png(folders, tmp_path):
     done = subprocess.run(
         [
             sys.executable,
-            "experiments/report.py",
+            "-m",
+            "atp_jax.cli.report",
             "--results",
             ",".join(map(str, folders)),
             "--ci",

@@ -1,4 +1,4 @@
-"""End-to-end runs of ``experiments/run_attack.py`` as subprocesses, on the real smollm2-135m-instruct
+"""End-to-end runs of ``atp-attack`` (``atp_jax/cli/run_attack.py``) as subprocesses, on the real smollm2-135m-instruct
 checkpoint and the bundled sample: a run killed with SIGKILL resumes where it stopped, and two
 processes joined through ``jax.distributed`` on localhost shard the work exactly as one process does it.
 
@@ -52,7 +52,8 @@ def _env(**extra) -> dict:
 def _command(output_dir: Path, num_examples: int, attacks: str, distributed: str) -> list[str]:
     return [
         sys.executable,
-        "experiments/run_attack.py",
+        "-m",
+        "atp_jax.cli.run_attack",
         "--model",
         MODEL,
         "--dataset",

@@ -18,7 +18,8 @@ NO_MODEL = "/nonexistent/model.gguf"
 def _run(tmp_path, *args):
     command = [
         sys.executable,
-        "experiments/run_attack.py",
+        "-m",
+        "atp_jax.cli.run_attack",
         "--model",
         NO_MODEL,
         "--output_dir",
@@ -64,7 +65,15 @@ def test_unreachable_judge_url_is_named(tmp_path):
 def test_unwritable_output_dir_is_named(tmp_path):
     blocker = tmp_path / "a_file"
     blocker.write_text("not a folder")
-    command = [sys.executable, "experiments/run_attack.py", "--model", NO_MODEL, "--output_dir", str(blocker / "out")]
+    command = [
+        sys.executable,
+        "-m",
+        "atp_jax.cli.run_attack",
+        "--model",
+        NO_MODEL,
+        "--output_dir",
+        str(blocker / "out"),
+    ]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode != 0
     assert f"--output_dir {blocker / 'out'} is not a writable folder" in done.stderr, done.stderr[-2000:]

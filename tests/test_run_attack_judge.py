@@ -54,7 +54,8 @@ def test_run_attack_judges_with_the_papers_prompt_and_records_it(tiny_checkpoint
     with _JudgeServer("Score: 8/10") as server:
         command = [
             sys.executable,
-            "experiments/run_attack.py",
+            "-m",
+            "atp_jax.cli.run_attack",
             "--model",
             str(tiny_checkpoint),
             "--attacks",

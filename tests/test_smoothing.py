@@ -295,7 +295,8 @@ def test_run_attack_rejects_bad_smoothing_flags_before_loading_a_model(tmp_path,
     done = subprocess.run(
         [
             sys.executable,
-            "experiments/run_attack.py",
+            "-m",
+            "atp_jax.cli.run_attack",
             "--model",
             str(tmp_path / "missing.gguf"),
             "--output_dir",
@@ -395,7 +396,7 @@ def test_report_binary_prints_the_defense_section(tmp_path):
     for r in RECORDS:
         append_record(folder / "results.jsonl", r)
     done = subprocess.run(
-        [sys.executable, "experiments/report.py", "--results", str(folder)],
+        [sys.executable, "-m", "atp_jax.cli.report", "--results", str(folder)],
         check=False,
         cwd=REPO,
         capture_output=True,

@@ -1,4 +1,4 @@
-"""experiments/swap_correlation.py end to end on a tiny checkpoint: one record per example whose swap count and
+"""atp_jax/cli/swap_correlation.py end to end on a tiny checkpoint: one record per example whose swap count and
 best true gain agree with a brute force over every single swap scored from re-rendered text, a resume that
 runs nothing, a refused resume under another model, and the comparison table over two folders."""
 

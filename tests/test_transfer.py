@@ -1,4 +1,4 @@
-"""experiments/transfer.py end to end: the orders a run recorded, replayed under another prompt style, give the
+"""atp_jax/cli/transfer.py end to end: the orders a run recorded, replayed under another prompt style, give the
 losses the answerer computes for those orders directly; a resume replays nothing; a resume under another
 style or target model is refused."""
 

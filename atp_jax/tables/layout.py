@@ -23,7 +23,7 @@ per-cell tokens differ from tokenizing the whole text anyway (token merges acros
 chiefly in csv/html/json), ``Layout.is_compositional`` says so for the original order. Only markdown is
 trusted beyond it (``Layout.exact``): there every cell sits between ``"|"`` and ``" |"``, and on all
 1,569 unique WTQ/TAT-QA/FeTaQA dev tables with both zoo tokenizers, no original or permuted order
-mismatched (``experiments/layout_mismatch.py``), while in csv/json a cell such as ``""`` or ``#`` can
+mismatched (``atp-layout-mismatch``), while in csv/json a cell such as ``""`` or ``#`` can
 merge with a different neighbour after a permutation. Reported numbers always come from re-rendering
 and re-tokenizing the permuted text.
 """

@@ -1,9 +1,10 @@
 """The flags the experiment binaries share, the selection they make, and the results folder they open.
 
 A binary calls ``define_flags(...)`` (selection, sharding) and ``define_run_flags(...)`` (model, output
-folder, restart, memory budget) at import with its own defaults, ``examples(...)`` in main, and
-``open_folder(...)`` before it loads a model: the manifest then says which examples and which model and
-dataset files made the records, and a resume under another identity stops with one message.
+folder, restart, memory budget; with ``tracking`` also TensorBoard and W&B) at import with its own defaults,
+``examples(...)`` in main, and ``open_folder(...)`` and ``open_sinks(...)`` before it loads a model: the manifest
+then says which examples and which model and dataset files made the records, a resume under another identity stops
+with one message, and so does a tracking flag whose package is missing.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from absl import flags
+from absl import flags, logging
 
 from atp_jax.compilation import compile_totals, disable_persistent_cache, enable_persistent_cache
 from atp_jax.data.order_filter import DEFAULT_ORDER_FILTER, ORDER_FILTERS
@@ -21,6 +22,16 @@ from atp_jax.distributed import MODES
 from atp_jax.runs.experiment import environment, memory_budget_bytes, select_examples
 from atp_jax.runs.fingerprints import dataset_fingerprint, model_fingerprint
 from atp_jax.runs.manifest import ManifestMismatch, ResultsFolder, provenance
+from atp_jax.runs.tracking import (
+    TENSORBOARD,
+    WANDB,
+    RecordSink,
+    TensorBoardSink,
+    TrackingError,
+    WandbSink,
+    installed,
+    missing_message,
+)
 from atp_jax.tables.table import Example
 
 FLAGS = flags.FLAGS
@@ -94,9 +105,9 @@ def manifest() -> dict:
     }
 
 
-def define_run_flags(model: str, output_dir: str, memory_budget: bool = True) -> None:
-    """``--model --output_dir --restart`` (and with ``memory_budget`` ``--memory_budget_gb``), with this
-    binary's defaults."""
+def define_run_flags(model: str, output_dir: str, memory_budget: bool = True, tracking: bool = False) -> None:
+    """``--model --output_dir --restart`` (and with ``memory_budget`` ``--memory_budget_gb``, with ``tracking``
+    ``--tensorboard_dir --wandb_project``), with this binary's defaults."""
     flags.DEFINE_string("model", model, "Zoo name, HF model directory or .gguf file.")
     flags.DEFINE_string("output_dir", output_dir, "Where this run's records, run.json and flags.txt go.")
     flags.DEFINE_bool(
@@ -113,6 +124,26 @@ def define_run_flags(model: str, output_dir: str, memory_budget: bool = True) ->
         "compiles they did before: $JAX_COMPILATION_CACHE_DIR if set, else <atp_jax cache>/xla; "
         "--nocompilation_cache turns it off, $JAX_COMPILATION_CACHE_DIR too.",
     )
+    if tracking:
+        flags.DEFINE_string(
+            "tensorboard_dir",
+            None,
+            "Also write each record's metrics and each attack's trace as TensorBoard event files here "
+            "(tensorboard --logdir DIR); needs tensorboardX: pip install 'atp-jax[tensorboard]'.",
+        )
+        flags.DEFINE_string(
+            "wandb_project",
+            None,
+            "Also log each record to this Weights & Biases project, one run per process; needs wandb "
+            "(pip install wandb) and a login, or WANDB_MODE=offline.",
+        )
+        # A missing package stops the binary while it parses its flags, before anything else runs.
+        for flag, (package, install) in (("tensorboard_dir", TENSORBOARD), ("wandb_project", WANDB)):
+            flags.register_validator(
+                flag,
+                lambda value, package=package: value is None or installed(package),
+                missing_message(package, install),
+            )
     if memory_budget:
         flags.DEFINE_float(
             "memory_budget_gb",
@@ -183,3 +214,25 @@ def open_folder(
     except (ManifestMismatch, ValueError) as e:
         sys.exit(str(e))
     return results
+
+
+def open_sinks(config: Mapping, process_index: int = 0, process_count: int = 1) -> list[RecordSink]:
+    """The sinks ``--tensorboard_dir`` and ``--wandb_project`` ask for (``config``: what W&B shows of the run);
+    a missing package or a folder that cannot be written exits with one message. Call it before loading the model."""
+    sinks = []
+    try:
+        if FLAGS.tensorboard_dir:
+            sink = TensorBoardSink(FLAGS.tensorboard_dir, process_index, process_count)
+            logging.info(
+                "TensorBoard event files in %s (view: tensorboard --logdir %s)", sink.scalars_dir, sink.directory
+            )
+            sinks.append(sink)
+        if FLAGS.wandb_project:
+            sinks.append(WandbSink(FLAGS.wandb_project, FLAGS.output_dir, config, process_index, process_count))
+    except TrackingError as e:
+        sys.exit(str(e))
+    except OSError as e:
+        sys.exit(
+            f"--tensorboard_dir {FLAGS.tensorboard_dir} is not a writable folder ({e.strerror or e}); choose another"
+        )
+    return sinks

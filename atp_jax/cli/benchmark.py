@@ -1,0 +1,420 @@
+"""Where the time goes: model load, forward and forward+backward to the input embeddings, the same in
+transformers' PyTorch model, matmul throughput, ATP steps and one whole attack.
+
+Variants run in one process, alternating round by round so machine drift hits all alike; each figure
+is the median of ``--repeats`` runs after a warm-up call, whose time (compile included) is reported
+separately.
+
+  atp-benchmark --model smollm2-135m-instruct --tokens 256
+  atp-benchmark --model qwen2.5-coder-1.5b-instruct --repeats 3
+  atp-benchmark --model config:llama-3.1-8b --dtype bfloat16 --variants fwd,fwd_bwd,matmul_peak
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import resource
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags, logging
+
+import atp_jax
+from atp_jax.cli.console import run_app
+from atp_jax.models.architectures import parameter_counts
+from atp_jax.models.params import export_hf
+
+# Each name selects a group of timed runs (``matmul_peak`` times two sizes, ``atp_steps`` seven runs).
+VARIANTS = ("fwd", "fwd_bwd", "torch_fwd_bwd", "torch_compile_fwd_bwd", "matmul_peak", "atp_steps", "attack_example")
+TORCH_VARIANTS = ("torch_fwd_bwd", "torch_compile_fwd_bwd")
+ATTACK_VARIANTS = ("atp_steps", "attack_example")  # these build a text prompt, so they need a tokenizer
+MATMUL_SIZES = (2048, 4096)
+
+_MODEL = flags.DEFINE_string(
+    "model",
+    atp_jax.DEFAULT_MODEL,
+    "Zoo name, HF model directory, .gguf file or config:<architecture> (random weights).",
+)
+_VARIANTS = flags.DEFINE_list("variants", list(VARIANTS), f"Variants to run: {', '.join(VARIANTS)}.")
+_TOKENS = flags.DEFINE_integer("tokens", 256, "Prompt length.")
+_ANSWER_TOKENS = flags.DEFINE_integer("answer_tokens", 8, "Positions that get logits / loss.")
+_REPEATS = flags.DEFINE_integer("repeats", 5, "Timed runs per variant (median reported).")
+_DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Parameter (and matmul_peak) dtype.")
+_JSON_OUT = flags.DEFINE_string("json_out", None, "Also write the figures as JSON here.")
+_ATTACK = flags.DEFINE_bool("attack", True, "Run the attack variants (atp_steps, attack_example) when selected.")
+_ROWS = flags.DEFINE_integer("rows", 10, "Data rows of the synthetic attack table.")
+_COLS = flags.DEFINE_integer("cols", 5, "Columns of the synthetic attack table.")
+_RESTARTS = flags.DEFINE_integer("restarts", 4, "R of the multi-restart ATP variant (atp_r<R>), compared with R = 1.")
+_ATTACK_PRESET = flags.DEFINE_string("attack_preset", "paper", "Preset of the whole attack timed by attack_example.")
+_TOKENIZER = flags.DEFINE_string(
+    "tokenizer", None, "HF tokenizer directory replacing the model's own (a config: model's zoo tokenizer, offline)."
+)
+_NEW_TOKENS = flags.DEFINE_integer("new_tokens", 32, "Greedy tokens per generation run (attack_example).")
+_PROFILE_DIR = flags.DEFINE_string(
+    "profile_dir", None, "Write a jax.profiler trace of one extra, untimed round of all variants here."
+)
+
+
+def _selected_variants(torch_available: bool) -> list[str]:
+    unknown = sorted(set(_VARIANTS.value) - set(VARIANTS))
+    if unknown:
+        raise app.UsageError(f"unknown --variants {', '.join(unknown)}; choose from {', '.join(VARIANTS)}")
+    explicit = flags.FLAGS["variants"].present
+    selected = [v for v in VARIANTS if v in _VARIANTS.value]
+    if not _ATTACK.value:
+        selected = [v for v in selected if v not in ATTACK_VARIANTS]
+    if not torch_available:
+        wanted = [v for v in selected if v in TORCH_VARIANTS]
+        if wanted and explicit:
+            raise app.UsageError(f"{', '.join(wanted)} need PyTorch: pip install -e '.[dev]'")
+        if wanted:
+            print("PyTorch is not installed: skipping", ", ".join(wanted))
+        selected = [v for v in selected if v not in TORCH_VARIANTS]
+    return selected
+
+
+def _synthetic_example():
+    """A ``--rows`` x ``--cols`` table of random words and numbers with a one-cell answer."""
+    from atp_jax.tables.table import Example, Table
+
+    rng = np.random.default_rng(0)
+    words = ["alpha", "beta", "gamma", "delta", "omega", "red", "blue", "north", "south", "river"]
+    rows = [[f"{rng.choice(words)} {rng.integers(0, 1000)}" for _ in range(_COLS.value)] for _ in range(_ROWS.value)]
+    table = Table([f"Col {j}" for j in range(_COLS.value)], rows)
+    return Example("Which row comes first?", table, [table.rows[0][0]], "bench")
+
+
+def _jax_variants(model, ids, targets):
+    """fwd and fwd_bwd: the forward, and its loss's gradient to the input embeddings (all weights fixed).
+
+    Both return their result, blocked on; fwd_bwd's is (loss, gradient).
+    """
+    S, P = ids.shape[1], targets.shape[1]
+    positions = jnp.arange(S)[None]
+    mask = jnp.ones((1, S), bool)
+    answer_positions = jnp.arange(S - P - 1, S - 1)[None]  # logits that predict the last P tokens
+    embeds = model.embed(ids)
+
+    @jax.jit
+    def forward(m, e):
+        return m(e, positions, mask, logits_positions=answer_positions).logits
+
+    def loss(e, m):
+        logits = m(e, positions, mask, logits_positions=answer_positions).logits
+        logp = jax.nn.log_softmax(logits, axis=-1)
+        return -jnp.take_along_axis(logp, targets[..., None], axis=-1).mean()
+
+    fwd_bwd = jax.jit(jax.value_and_grad(loss))
+    return {
+        "fwd": lambda: jax.block_until_ready(forward(model, embeds)),
+        "fwd_bwd": lambda: jax.block_until_ready(fwd_bwd(embeds, model)),
+    }
+
+
+def _matmul_variants(dtype):
+    """Square matmuls of each size in MATMUL_SIZES, for the device's reachable matmul throughput.
+
+    One call chains 16 products on an accelerator, so that the figure is not the dispatch overhead of
+    a sub-millisecond kernel; on the CPU one product already takes long enough.
+    Default precision, as the model's own matmuls use (e.g. TF32 for float32 on recent NVIDIA GPUs).
+    """
+    chain = 1 if jax.default_backend() == "cpu" else 16
+
+    @jax.jit
+    def chained(a, b):
+        # Each product feeds the next, so XLA cannot compute one product for all; the rescale keeps
+        # the values of unit size (no overflow to inf along the chain).
+        scale = a.shape[0] ** -0.5
+        return jax.lax.fori_loop(0, chain, lambda _, c: (c @ b) * scale, a)
+
+    variants = {}
+    for n in MATMUL_SIZES:
+        a = jax.random.normal(jax.random.key(0), (n, n), dtype)
+        b = jax.random.normal(jax.random.key(1), (n, n), dtype)
+        variants[f"matmul_{n}"] = lambda a=a, b=b: jax.block_until_ready(chained(a, b))
+    return variants, {f"matmul_{n}": chain * 2 * n**3 for n in MATMUL_SIZES}
+
+
+def _torch_model(loaded, device, dtype):
+    """transformers' PyTorch model of ``loaded.config`` holding a copy of ``loaded``'s weights.
+
+    The config goes over as ``ModelConfig.to_hf()`` and the weights as ``export_hf`` (HF names, (out, in)).
+    The final check makes sure every parameter of the torch model was written (a tied head is one parameter
+    there, as here).
+    """
+    import torch
+    import transformers
+    from transformers.initialization import no_init_weights
+
+    hf_config = transformers.AutoConfig.for_model(**loaded.config.to_hf())
+    with torch.device(device), no_init_weights():  # the weights are copied in below: skip the random init
+        model = transformers.AutoModelForCausalLM.from_config(hf_config)
+    model.tie_weights()  # skipped with the init above; a tied head then is the embedding parameter itself
+    model = model.to(dtype).eval().requires_grad_(False)
+
+    targets = dict(model.named_parameters())
+    weights = export_hf(loaded.model)
+    unexpected = sorted(set(weights) - set(targets))
+    missing = sorted(set(targets) - set(weights))
+    if unexpected or missing:
+        raise ValueError(
+            f"{loaded.name}: transformers' {type(model).__name__} has other parameters than the JAX "
+            f"model (not in torch: {unexpected[:5]}; not in JAX: {missing[:5]})"
+        )
+    with torch.no_grad():
+        for name, array in weights.items():
+            # Through float32: torch accepts no numpy bfloat16; copy_ casts to the parameter's dtype.
+            targets[name].copy_(torch.from_numpy(np.array(array, np.float32)))
+    return model
+
+
+def _torch_variants(loaded, ids, targets, selected, model=None, job="fwd_bwd"):
+    """The fwd_bwd of ``_jax_variants`` in transformers' PyTorch model on the same weights and prompt:
+    eager, and under ``torch.compile`` (whose first call compiles the forward and the backward), named
+    ``torch_<job>`` and ``torch_compile_<job>``.
+
+    On a CUDA machine with a CUDA build of torch the model runs on the GPU, else on the CPU. Returns the
+    runs, a description of the device, and the torch model (pass it back in to reuse its weights).
+    """
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[_DTYPE.value]
+    if model is None:
+        model = _torch_model(loaded, device, dtype)
+    S, P = ids.shape[1], targets.shape[1]
+    ids_t = torch.as_tensor(np.array(ids), device=device)
+    targets_t = torch.as_tensor(np.array(targets[0]), device=device, dtype=torch.long)
+    answer_positions = torch.arange(S - P - 1, S - 1, device=device)
+    embeds = model.get_input_embeddings()(ids_t)
+
+    def fwd_bwd(forward):
+        inputs = embeds.detach().requires_grad_(True)  # the only tensor that gets a gradient
+        logits = forward(inputs_embeds=inputs, logits_to_keep=answer_positions, use_cache=False).logits
+        loss = torch.nn.functional.cross_entropy(logits[0].float(), targets_t)
+        (grad,) = torch.autograd.grad(loss, inputs)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return loss.item(), grad
+
+    runs = {}
+    if "torch_fwd_bwd" in selected:
+        runs[f"torch_{job}"] = lambda: fwd_bwd(model)
+    if "torch_compile_fwd_bwd" in selected:
+        compiled = torch.compile(model)  # compiles lazily, on its first call
+        runs[f"torch_compile_{job}"] = lambda: fwd_bwd(compiled)
+    return runs, f"{device}, attention {model.config._attn_implementation}", model
+
+
+def _attack_step_variants(loaded, example):
+    """ATP runs of 1 and 5 steps (R = 1 and ``--restarts``, host and device Hungarian) and the plain whole-prompt
+    forward+backward of the same unpermuted prompt, the yardstick of one step.
+
+    Also returns that prompt's ids ``[1, S]`` and answer ids ``[1, A]`` (its last A tokens), so the
+    torch variants can do the same job.
+    """
+    from atp_jax.attack.atp import run_atp
+    from atp_jax.attack.presets import preset
+    from atp_jax.attack.problem import make_problem
+
+    problem = make_problem(loaded, example)
+    layout = problem.layout
+    ids = jnp.asarray(layout.ids())[None]
+    S = ids.shape[1]
+    answer_positions = jnp.asarray(layout.prefix_length + layout.answer_logit_positions())[None]
+    targets = jnp.asarray(layout.answer_ids)[None]
+
+    def loss(e, m):
+        logits = m(e, jnp.arange(S)[None], jnp.ones((1, S), bool), logits_positions=answer_positions).logits
+        return -jnp.take_along_axis(jax.nn.log_softmax(logits, -1), targets[..., None], -1).mean()
+
+    fwd_bwd = jax.jit(jax.value_and_grad(loss))
+    embeds = loaded.model.embed(ids)
+    variants = {"prompt_fwd_bwd": lambda: jax.block_until_ready(fwd_bwd(embeds, loaded.model))}
+    base = preset("paper")
+    runs = (("atp", 1, "host"), (f"atp_r{_RESTARTS.value}", _RESTARTS.value, "host"), ("atp_device", 1, "device"))
+    for name, restarts, hungarian in runs:
+        for steps in (1, 5):
+            cfg = dataclasses.replace(base, n_attack=steps, restarts=restarts, hungarian=hungarian)
+            keys = jax.random.split(jax.random.key(0), restarts)
+            variants[f"{name}_{steps}steps"] = lambda cfg=cfg, keys=keys: jax.block_until_ready(
+                run_atp(loaded.model, problem.tensors, keys, cfg)
+            )
+    return variants, ids, targets
+
+
+def _attack_example_variants(loaded, example, ids):
+    """One whole ``atp_jax.attack`` (``--attack_preset``, by default ``paper``: prompt set-up, 20 steps,
+    result) and greedy generation of ``--new_tokens`` after the ``--tokens`` random-id prompt (prefill
+    included)."""
+    from atp_jax.inference.generate import generate_ids
+
+    prompt = np.asarray(ids[0]).tolist()
+    config = atp_jax.preset(_ATTACK_PRESET.value)
+    return {
+        "attack_example": lambda: atp_jax.attack(loaded, example, config),
+        "generate": lambda: generate_ids(loaded, [prompt], _NEW_TOKENS.value),
+    }
+
+
+def _forward_flops(config, tokens: int, loss_positions: int) -> float:
+    """≈ FLOPs of one forward: 2 per decoder weight per token, plus the vocabulary head at the loss
+    positions only. Attention's token-by-token products are left out (a few % at a few hundred
+    tokens). A backward to the inputs alone (no weight gradients) costs about one more forward."""
+    return 2 * parameter_counts(config)["layers"] * tokens + 2 * config.hidden_size * config.vocab_size * loss_positions
+
+
+def _step_figures(medians: dict) -> dict:
+    """Per-step cost = (5-step run − 1-step run) / 4, which removes set-up and final projection."""
+    out = {}
+    multi = f"atp_r{_RESTARTS.value}"
+    for name in ("atp", multi, "atp_device"):
+        out[f"{name}_step_s"] = (medians[f"{name}_5steps"] - medians[f"{name}_1steps"]) / 4
+    out["atp_step_over_prompt_fwd_bwd"] = out["atp_step_s"] / medians["prompt_fwd_bwd"]
+    out[f"{multi}_step_over_r1"] = out[f"{multi}_step_s"] / out["atp_step_s"]
+    out["device_hungarian_step_over_host"] = out["atp_device_step_s"] / out["atp_step_s"]
+    return out
+
+
+def _derived_figures(loaded, medians: dict, first: dict, matmul_flops: dict) -> dict:
+    """Throughputs and ratios from the medians, and the agreement of the torch and JAX losses."""
+    out = {}
+    for n, flops in matmul_flops.items():
+        out[f"{n}_gflop_per_s"] = flops / medians[n] / 1e9
+    peak = max((out[f"{n}_gflop_per_s"] for n in matmul_flops), default=None)
+    if peak:
+        out["matmul_peak_gflop_per_s"] = peak
+    forward = _forward_flops(loaded.config, _TOKENS.value, _ANSWER_TOKENS.value)
+    for name, flops in (("fwd", forward), ("fwd_bwd", 2 * forward)):
+        if name in medians:
+            out[f"{name}_model_gflop_per_s"] = flops / medians[name] / 1e9
+            if peak:
+                out[f"{name}_fraction_of_matmul_peak"] = out[f"{name}_model_gflop_per_s"] / peak
+    for name in TORCH_VARIANTS:
+        if name in medians and "fwd_bwd" in medians:
+            out[f"{name}_over_jax_fwd_bwd"] = medians[name] / medians["fwd_bwd"]
+            out[f"{name}_loss_minus_jax"] = first[name][0] - float(first["fwd_bwd"][0])
+    if "prompt_fwd_bwd" in medians:
+        out.update(_step_figures(medians))
+        for name in ("torch_prompt_fwd_bwd", "torch_compile_prompt_fwd_bwd"):
+            if name in medians:
+                out[f"{name}_over_atp_step"] = medians[name] / out["atp_step_s"]
+                out[f"{name}_loss_minus_jax"] = first[name][0] - float(first["prompt_fwd_bwd"][0])
+    if "generate" in medians:
+        generated = len(first["generate"][0])  # greedy, so every run emits the same tokens
+        out["generate_new_tokens"] = generated
+        out["generate_tokens_per_s"] = generated / medians["generate"]
+    return out
+
+
+def _round(value):
+    return float(f"{value:.4g}") if isinstance(value, float) else value
+
+
+def main(argv):
+    del argv
+    selected = _selected_variants(importlib.util.find_spec("torch") is not None)
+    dtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[_DTYPE.value]
+    if _RESTARTS.value < 2:
+        raise app.UsageError(f"--restarts {_RESTARTS.value}: the multi-restart variant needs R >= 2")
+    try:
+        atp_jax.preset(_ATTACK_PRESET.value)  # an unknown name stops here, before the model loads
+    except ValueError as e:
+        raise app.UsageError(f"--attack_preset: {e}") from e
+    loaded = atp_jax.load_model(_MODEL.value, dtype=dtype, tokenizer=_TOKENIZER.value)
+    peak_rss_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    if loaded.tokenizer is None and any(v in selected for v in ATTACK_VARIANTS):
+        print(f"{loaded.name} has no tokenizer: skipping", ", ".join(v for v in ATTACK_VARIANTS if v in selected))
+        selected = [v for v in selected if v not in ATTACK_VARIANTS]
+    rng = np.random.default_rng(0)
+    ids = jnp.asarray(rng.integers(0, loaded.config.vocab_size, (1, _TOKENS.value)), jnp.int32)
+    targets = ids[:, -_ANSWER_TOKENS.value :]
+
+    figures = {
+        "model": loaded.name,
+        "source": loaded.source,
+        "dtype": _DTYPE.value,
+        "tokens": _TOKENS.value,
+        "answer_tokens": _ANSWER_TOKENS.value,
+        "devices": str(jax.devices()),
+        "load_s": round(loaded.load_seconds, 2),
+        "peak_rss_after_load_gib": round(peak_rss_gib, 2),
+    }
+    variants, matmul_flops = {}, {}
+    variants.update({n: run for n, run in _jax_variants(loaded.model, ids, targets).items() if n in selected})
+    if "matmul_peak" in selected:
+        more, matmul_flops = _matmul_variants(dtype)
+        variants.update(more)
+    torch_selected, torch_model = [v for v in TORCH_VARIANTS if v in selected], None
+    if torch_selected:
+        more, torch_device, torch_model = _torch_variants(loaded, ids, targets, torch_selected)
+        variants.update(more)
+        figures["torch_device"] = torch_device
+    if any(v in selected for v in ATTACK_VARIANTS):
+        example = _synthetic_example()
+        figures["attack_table"] = f"{_ROWS.value}x{_COLS.value}"
+        figures["attack_preset"] = _ATTACK_PRESET.value
+        if "atp_steps" in selected:
+            more, prompt_ids, answer_ids = _attack_step_variants(loaded, example)
+            variants.update(more)
+            figures["attack_prompt_tokens"] = prompt_ids.shape[1]
+            if torch_selected:  # torch doing one step's work on the attack prompt: the comparison users make
+                more, _, _ = _torch_variants(
+                    loaded, prompt_ids, answer_ids, torch_selected, torch_model, job="prompt_fwd_bwd"
+                )
+                variants.update(more)
+        if "attack_example" in selected:
+            variants.update(_attack_example_variants(loaded, example, ids))
+
+    first, first_call_s = {}, {}
+    for name, run in variants.items():
+        start = time.perf_counter()
+        first[name] = run()
+        first_call_s[name] = time.perf_counter() - start
+        logging.info("first call of %s: %.2f s", name, first_call_s[name])
+    times = {name: [] for name in variants}
+    for repeat in range(_REPEATS.value):
+        logging.info("timed round %d of %d", repeat + 1, _REPEATS.value)
+        for name, run in variants.items():
+            start = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - start)
+    if _PROFILE_DIR.value:
+        # An extra round, so that tracing overhead stays out of the medians.
+        with jax.profiler.trace(_PROFILE_DIR.value):
+            for name, run in variants.items():
+                with jax.profiler.TraceAnnotation(name):
+                    run()
+
+    medians = {name: statistics.median(t) for name, t in times.items()}
+    for name in variants:
+        figures[f"{name}_median_s"] = medians[name]
+        figures[f"{name}_first_call_s"] = first_call_s[name]
+    figures.update(_derived_figures(loaded, medians, first, matmul_flops))
+    figures = {key: _round(value) for key, value in figures.items()}
+
+    print("| variant | first call (s) | median (s) | min (s) |\n|---|---|---|---|")
+    for name in variants:
+        first_call, median = figures[f"{name}_first_call_s"], figures[f"{name}_median_s"]
+        print(f"| {name} | {first_call} | {median} | {_round(min(times[name]))} |")
+    print("\n| figure | value |\n|---|---|")
+    for key, value in figures.items():
+        if not key.endswith(("_median_s", "_first_call_s")):
+            print(f"| {key} | {value} |")
+    if _JSON_OUT.value:
+        with open(_JSON_OUT.value, "w") as f:
+            json.dump(figures, f, indent=2)
+
+
+def run() -> None:
+    """The console script ``atp-benchmark``."""
+    run_app(main, __doc__)
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,165 @@
+"""Does the gradient know which swaps hurt? Spearman correlation between the first-order prediction and the
+true objective change of every single row/column swap at the original order, per example.
+
+  atp-swap-correlation --model smollm2-135m-instruct --num_examples 12 \
+      --output_dir results/swap_rank/smollm2-135m-instruct
+  atp-swap-correlation --compare results/swap_rank/a,results/swap_rank/b \
+      --attack_results results/a,results/b
+
+Each example's figures are one record (``attack`` = ``swap_rank``) in ``OUTPUT_DIR/results.jsonl``,
+appended atomically; a rerun skips the examples already there, and a rerun with another model, dataset
+or prompt style is refused (``--restart`` sets the old records aside). ``--compare`` prints one table
+over several such folders (one per model): the median and range of Spearman ρ, how often the swap the
+gradient ranks first raises the loss, and — from ``--attack_results``, results folders of run_attack.py
+on the same questions, one per compared folder — the distinct hard orders each ATP run visited.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+import sys
+import time
+
+import numpy as np
+import scipy.stats
+from absl import flags
+from tqdm import tqdm
+
+import atp_jax
+from atp_jax.attack.problem import AttackInputError, make_problem
+from atp_jax.attack.result import Evaluator
+from atp_jax.attack.search import swap_rank_correlation
+from atp_jax.cli import selection
+from atp_jax.cli.console import run_app
+from atp_jax.inference.qa import InputTooLong
+from atp_jax.runs.folders import load_run
+from atp_jax.runs.records import read_records
+from atp_jax.tables.linearize import STYLES
+from atp_jax.tables.prompt import PromptStyle
+
+RECORD_NAME = "swap_rank"  # the ``attack`` field of every record this binary writes
+
+selection.define_flags(num_examples=12, max_rows=12, max_cols=8, sharding=False)
+selection.define_run_flags(model="smollm2-135m-instruct", output_dir="results/swap_rank", memory_budget=False)
+flags.DEFINE_enum("style", "markdown", list(STYLES), "Table linearization.")
+flags.DEFINE_list("compare", [], "Print the comparison table of these swap-rank folders instead of running.")
+flags.DEFINE_list(
+    "attack_results",
+    [],
+    "With --compare: run_attack.py folders (same order as --compare, '-' for none) whose ATP records give "
+    "the distinct orders visited.",
+)
+flags.DEFINE_list("atp_attacks", ["paper", "atp_joint"], "With --compare: the ATP specs whose visits are counted.")
+FLAGS = flags.FLAGS
+
+
+def _fraction(values) -> str:
+    values = list(values)
+    return f"{sum(values)}/{len(values)}" if values else "–"
+
+
+def compare_table(folders: list[str], attack_folders: list[str], atp_attacks: list[str]) -> str:
+    """Markdown: one row per swap-rank folder (model), over the example ids every folder recorded."""
+    runs = []
+    for folder in folders:
+        run = load_run(folder)
+        runs.append((run.manifest.get("model", folder), {r["id"]: r for r in run.records if "skipped" not in r}))
+    common = set.intersection(*(set(by_id) for _, by_id in runs)) if runs else set()
+    header = (
+        "| model | examples | median ρ | ρ range | mean ρ − first row's (95% CI) | top-ranked swap raises loss | "
+        "median best true gain | " + " | ".join(f"distinct orders, {a} (median, n)" for a in atp_attacks) + " |"
+    )
+    lines = [header, "|" + "---|" * (7 + len(atp_attacks))]
+    first = None
+    for i, (model, by_id) in enumerate(runs):
+        rows = [by_id[k] for k in sorted(common)]
+        rho = [r["spearman"] for r in rows]
+        first = rho if first is None else first
+        shift = "–"
+        if i and len(rho) > 2:
+            differences = np.asarray(rho) - np.asarray(first)  # paired: the same questions
+            interval = scipy.stats.bootstrap((differences,), np.mean, method="BCa", random_state=0).confidence_interval
+            shift = f"{differences.mean():+.3f} ({interval.low:+.3f} … {interval.high:+.3f})"
+        visits = []
+        attack_folder = attack_folders[i] if i < len(attack_folders) else "-"
+        for spec in atp_attacks:
+            if attack_folder == "-":
+                visits.append("–")
+                continue
+            counts = [
+                r["trace"]["distinct_orders_visited"]
+                for r in load_run(attack_folder).records
+                if r["attack"] == spec and r["id"] in common and "distinct_orders_visited" in (r.get("trace") or {})
+            ]
+            visits.append(f"{statistics.median(counts):g} (n={len(counts)})" if counts else "–")
+        lines.append(
+            f"| {model} | {len(rows)} | {statistics.median(rho):.3f} | {min(rho):.3f} … {max(rho):.3f} | {shift} | "
+            f"{_fraction(r['gain_of_top_predicted_swap'] > 0 for r in rows)} | "
+            f"{statistics.median(r['best_true_gain'] for r in rows):.3f} | " + " | ".join(visits) + " |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv):
+    del argv
+    if FLAGS.compare:
+        try:
+            print(compare_table(FLAGS.compare, FLAGS.attack_results, FLAGS.atp_attacks))
+        except (FileNotFoundError, ValueError) as e:
+            sys.exit(str(e))
+        return
+    examples = selection.examples()
+    if not examples:
+        sys.exit(f"--dataset {FLAGS.dataset}: no examples selected; loosen the selection")
+    style = PromptStyle(linearization=FLAGS.style)
+    folder = selection.open_folder(
+        {"style": dataclasses.asdict(style), "diagnostic": "single-swap rank correlation at the original order"},
+        {RECORD_NAME: {"method": RECORD_NAME, "at": "original order", "moves": "every single row and column swap"}},
+        len(examples),
+    )
+    done = {key[0] for key in folder.done_keys() if key[1] == RECORD_NAME}
+    todo = [ex for ex in examples if ex.id not in done]
+    print(f"{len(examples)} examples: {len(done & {ex.id for ex in examples})} recorded, {len(todo)} to run")
+    if todo:
+        try:
+            model = atp_jax.load_model(FLAGS.model)
+        except (ValueError, OSError) as e:
+            sys.exit(f"--model {FLAGS.model}: {e}")
+        for example in tqdm(todo, desc="swaps"):
+            start = time.perf_counter()
+            try:
+                evaluator = Evaluator(model, make_problem(model, example, style))
+                stats = swap_rank_correlation(evaluator)
+            except (AttackInputError, InputTooLong) as e:
+                folder.append({"id": example.id, "attack": RECORD_NAME, "skipped": str(e)})
+                continue
+            folder.append(
+                {
+                    "id": example.id,
+                    "attack": RECORD_NAME,
+                    **stats,
+                    "queries": evaluator.queries,
+                    "seconds": time.perf_counter() - start,
+                }
+            )
+    rows = [r for r in read_records(folder.results_file) if "skipped" not in r]
+    print("| id | swaps | spearman | gain of top-predicted swap | best true gain | mean true gain |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['id']} | {r['swaps']} | {r['spearman']:.3f} | {r['gain_of_top_predicted_swap']:.3f} | "
+            f"{r['best_true_gain']:.3f} | {r['mean_true_gain']:.3f} |"
+        )
+    if rows:
+        print(json.dumps({"median_spearman": statistics.median(r["spearman"] for r in rows), "examples": len(rows)}))
+
+
+def run() -> None:
+    """The console script ``atp-swap-correlation``."""
+    run_app(main, __doc__)
+
+
+if __name__ == "__main__":
+    run()
