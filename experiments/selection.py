@@ -29,8 +29,13 @@ FLAGS = flags.FLAGS
 def define_flags(num_examples: int, max_rows: int = 12, max_cols: int = 8, sharding: bool = True) -> None:
     """``--dataset --data_dir --split --num_examples --filter_order_sensitive --order_filter --max_rows
     --max_cols``, and with ``sharding`` ``--process_index --process_count --distributed``."""
-    flags.DEFINE_string("dataset", "sample", "sample | wtq | tatqa | fetaqa | path.jsonl")
-    flags.DEFINE_string("data_dir", None, "Folder with wtq/, tatqa/, fetaqa/ (default: $ATP_JAX_DATA).")
+    flags.DEFINE_string("dataset", "sample", "sample | wtq | tatqa | fetaqa | path.jsonl | hf:<hub id>")
+    flags.DEFINE_string(
+        "data_dir",
+        None,
+        "Folder with wtq/, tatqa/, fetaqa/ JSONL, or a checkout of the dataset's official repository (or the "
+        "folder holding it) (default: $ATP_JAX_DATA).",
+    )
     flags.DEFINE_string("split", "dev", "Dataset split.")
     flags.DEFINE_integer("num_examples", num_examples, "Examples (after filtering), 0 for all.")
     flags.DEFINE_bool(

@@ -182,6 +182,8 @@ class Example:
             It takes part in ``==`` but not in ``hash()`` because mappings are unhashable.
         dataset: the source dataset name (``"wtq"``, ``"tatqa"``, ``"fetaqa"``) or ``""``
             when unknown; it selects the metric in :func:`atp_jax.eval.metrics.score`.
+        paragraphs: text that comes with the table (TAT-QA's paragraphs, in their order); a prompt shows them
+            only under ``PromptStyle(paragraphs=True)``. A list is accepted and stored as a tuple.
     """
 
     question: str
@@ -190,6 +192,7 @@ class Example:
     id: str
     meta: Mapping[str, Any] = field(default_factory=dict, hash=False)
     dataset: str = ""
+    paragraphs: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.question, str):
@@ -209,8 +212,15 @@ class Example:
         for k, answer in enumerate(answers):
             if not isinstance(answer, str):
                 raise TypeError(f"answers[{k}] is {type(answer).__name__} {answer!r}; answers must be str")
+        if isinstance(self.paragraphs, (str, bytes)) or not isinstance(self.paragraphs, Sequence):
+            raise TypeError(f"paragraphs must be a list of strings, got {type(self.paragraphs).__name__}")
+        paragraphs = tuple(self.paragraphs)
+        for k, paragraph in enumerate(paragraphs):
+            if not isinstance(paragraph, str):
+                raise TypeError(f"paragraphs[{k}] is {type(paragraph).__name__} {paragraph!r}; paragraphs must be str")
         if not isinstance(self.meta, Mapping):
             raise TypeError(f"meta must be a mapping, got {type(self.meta).__name__}")
         object.__setattr__(self, "answers", answers)
+        object.__setattr__(self, "paragraphs", paragraphs)
         # A read-only view of a private copy: the caller's dict cannot change the example.
         object.__setattr__(self, "meta", types.MappingProxyType(dict(self.meta)))
