@@ -15,7 +15,6 @@ the line plot ``OUTPUT_DIR/ablation.png``. ``report.py --results OUTPUT_DIR/lamb
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -125,7 +124,7 @@ def main(argv):
     if not examples:
         sys.exit(f"--dataset {FLAGS.dataset}: no examples selected; loosen --num_examples/--max_rows/--max_cols")
     identity = {
-        "style": dataclasses.asdict(style),
+        "style": style.as_dict(),
         "seed": FLAGS.seed,
         "generate": FLAGS.generate,
         "max_new_tokens": FLAGS.max_new_tokens,

@@ -17,7 +17,6 @@ order and in the order an attack chose, taken from a results folder (``--results
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sys
@@ -75,7 +74,7 @@ def main(argv):
         identity = {
             **model_fingerprint(FLAGS.model),
             **dataset_fingerprint(FLAGS.dataset, FLAGS.split, FLAGS.data_dir),
-            "style": dataclasses.asdict(style),
+            "style": style.as_dict(),
             "attack": FLAGS.attack,
             "orders_from": FLAGS.results,
             "seed": FLAGS.seed,

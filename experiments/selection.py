@@ -16,6 +16,7 @@ from pathlib import Path
 from absl import flags
 
 from atp_jax.compilation import compile_totals, disable_persistent_cache, enable_persistent_cache
+from atp_jax.data.datasets import DatasetUnavailableError
 from atp_jax.data.order_filter import DEFAULT_ORDER_FILTER, ORDER_FILTERS
 from atp_jax.distributed import MODES
 from atp_jax.runs.experiment import environment, memory_budget_bytes, select_examples
@@ -81,7 +82,7 @@ def examples(process_index: int = 0, process_count: int = 1) -> list[Example]:
             process_count,
             order_filter=FLAGS.order_filter,
         )
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, DatasetUnavailableError) as e:
         sys.exit(f"--dataset {FLAGS.dataset}: {e}")
 
 

@@ -16,7 +16,6 @@ on the same questions, one per compared folder — the distinct hard orders each
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import statistics
@@ -115,7 +114,7 @@ def main(argv):
         sys.exit(f"--dataset {FLAGS.dataset}: no examples selected; loosen the selection")
     style = PromptStyle(linearization=FLAGS.style)
     folder = selection.open_folder(
-        {"style": dataclasses.asdict(style), "diagnostic": "single-swap rank correlation at the original order"},
+        {"style": style.as_dict(), "diagnostic": "single-swap rank correlation at the original order"},
         {RECORD_NAME: {"method": RECORD_NAME, "at": "original order", "moves": "every single row and column swap"}},
         len(examples),
     )

@@ -10,11 +10,15 @@ import json
 import shutil
 
 import pytest
-from conftest import find_shared_data
+from conftest import find_shared_data, run_binary
 
+import atp_jax
 from atp_jax.data.datasets import DatasetUnavailableError, example_to_dict, load_dataset, locate_dataset
 from atp_jax.data.releases import wtq
+from atp_jax.inference.qa import answer_loss
 from atp_jax.runs.fingerprints import dataset_fingerprint
+from atp_jax.runs.records import read_records
+from atp_jax.tables.prompt import PromptStyle
 
 DATA_DIR = find_shared_data()
 OFFICIAL = DATA_DIR / "official" if DATA_DIR else None
@@ -129,3 +133,21 @@ def test_missing_data_names_both_layouts(tmp_path):
         load_dataset("wtq", data_dir=tmp_path)
     with pytest.raises(DatasetUnavailableError, match="has no split 'validation'"):
         load_dataset("tatqa", split="validation", data_dir=tmp_path)
+
+
+@needs_official
+def test_run_attack_reads_a_release_and_shows_tatqa_paragraphs(tiny_checkpoint, tmp_path):
+    out = tmp_path / "run"
+    args = ["--model", tiny_checkpoint, "--dataset", "tatqa", "--data_dir", OFFICIAL, "--num_examples", 1]
+    args += ["--attacks", "vanilla", "--nogenerate", "--paragraphs", "--output_dir", out]
+    done = run_binary("run_attack", args)
+    assert done.returncode == 0, done.stderr[-3000:]
+    manifest = json.loads((out / "run.json").read_text())
+    assert manifest["style"]["paragraphs"] is True
+    assert manifest["dataset_sha256"] == dataset_fingerprint("tatqa", data_dir=OFFICIAL)["dataset_sha256"]
+    (record,) = read_records(out / "results.jsonl")
+    example = next(e for e in load_dataset("tatqa", data_dir=OFFICIAL) if e.id == record["id"])
+    model = atp_jax.load_model(tiny_checkpoint)
+    with_text = answer_loss(model, example, style=PromptStyle(paragraphs=True))
+    assert record["answer_loss"] == pytest.approx(with_text, rel=1e-5)
+    assert with_text != pytest.approx(answer_loss(model, example), rel=1e-5)  # the paragraphs reached the model
