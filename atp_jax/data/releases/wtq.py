@@ -11,7 +11,6 @@ stripped of surrounding whitespace. When the checkout has them, ``misc/table-met
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 
 from atp_jax.data.releases import Release, order_keyword_flag
@@ -56,9 +55,7 @@ def _read_table(path: Path) -> Table:
     """One table's CSV."""
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing: the questions name it; use a complete checkout of the repository")
-    with path.open(encoding="utf-8", newline="") as handle:
-        rows = [[cell.strip() for cell in row] for row in csv.reader(handle, escapechar="\\", doublequote=False)]
-    return Table(rows[0], rows[1:])
+    return Table.from_csv(path, escapechar="\\", doublequote=False)
 
 
 def _page_titles(checkout: Path) -> dict[str, str]:
