@@ -23,7 +23,6 @@ import sys
 import time
 
 import numpy as np
-import scipy.stats
 import selection  # experiments/selection.py: the flags every binary shares
 from absl import app, flags
 from tqdm import tqdm
@@ -35,6 +34,7 @@ from atp_jax.attack.search import swap_rank_correlation
 from atp_jax.inference.qa import InputTooLong
 from atp_jax.runs.folders import load_run
 from atp_jax.runs.records import read_records
+from atp_jax.stats import bootstrap_interval, has_interval
 from atp_jax.tables.linearize import STYLES
 from atp_jax.tables.prompt import PromptStyle
 
@@ -77,10 +77,11 @@ def compare_table(folders: list[str], attack_folders: list[str], atp_attacks: li
         rho = [r["spearman"] for r in rows]
         first = rho if first is None else first
         shift = "–"
-        if i and len(rho) > 2:
+        if i:
             differences = np.asarray(rho) - np.asarray(first)  # paired: the same questions
-            interval = scipy.stats.bootstrap((differences,), np.mean, method="BCa", random_state=0).confidence_interval
-            shift = f"{differences.mean():+.3f} ({interval.low:+.3f} … {interval.high:+.3f})"
+            low, high = bootstrap_interval(differences)
+            interval = f"({low:+.3f} … {high:+.3f})" if has_interval(low, high) else "(n/a)"
+            shift = f"{differences.mean():+.3f} {interval}"
         visits = []
         attack_folder = attack_folders[i] if i < len(attack_folders) else "-"
         for spec in atp_attacks:
