@@ -6,7 +6,9 @@ import csv
 import io
 import json
 import math
+import shutil
 import statistics
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -15,7 +17,7 @@ from conftest import run_binary
 from atp_jax.runs.ablation import plot_sweeps, sweep_rows, sweep_value
 from atp_jax.runs.folders import load_run, results_files
 from atp_jax.runs.records import append_record
-from atp_jax.runs.report import plot_scores, score_csv, score_markdown, score_tables
+from atp_jax.runs.report import plot_scores, score_csv, score_latex, score_markdown, score_tables
 from atp_jax.stats import bootstrap_interval
 
 
@@ -437,3 +439,23 @@ def test_paper_layout_in_markdown_csv_and_latex_for_two_models(tmp_path):
         assert [float(c.split()[0]) for c in cells] == [round(means[(plain, a)], 3) for a in ids]
         assert all(r" $\pm$ " in c for c in cells)
     assert Path(f"{prefix}.pdf").read_bytes().startswith(b"%PDF")
+
+
+@pytest.mark.skipif(shutil.which("pdflatex") is None, reason="pdflatex is not installed")
+def test_latex_table_compiles_with_booktabs(tmp_path):
+    folders, _ = _paper_folders(tmp_path)
+    tex = score_latex(score_tables([load_run(f) for f in folders], ci=True))
+    document = tmp_path / "doc.tex"
+    document.write_text(
+        "\\documentclass{article}\n\\usepackage{booktabs}\n\\begin{document}\n" + tex + "\\end{document}\n"
+    )
+    done = subprocess.run(
+        ["pdflatex", "-interaction=nonstopmode", "-halt-on-error", document.name],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert (tmp_path / "doc.pdf").read_bytes().startswith(b"%PDF")
