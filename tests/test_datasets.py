@@ -232,15 +232,19 @@ def test_load_dataset_errors(tmp_path, monkeypatch):
 # ------------------------------------------------------------------ hub loading
 
 
-def test_hf_offline_fails_fast_with_a_clear_message(tmp_path):
+@pytest.mark.parametrize(
+    "call",
+    ['load_hf_dataset("Stanford/wikitablequestions", "validation")', 'load_dataset("hf:Stanford/wikitablequestions")'],
+)
+def test_hf_offline_fails_fast_with_a_clear_message(tmp_path, call):
     # Run in a fresh interpreter: the hub libraries read HF_HUB_OFFLINE at import time.
     code = textwrap.dedent(
-        """
+        f"""
         import time
-        from atp_jax.data.datasets import DatasetUnavailableError, load_hf_dataset
+        from atp_jax.data.datasets import DatasetUnavailableError, load_dataset, load_hf_dataset
         start = time.monotonic()
         try:
-            load_hf_dataset("Stanford/wikitablequestions", "validation")
+            {call}
         except DatasetUnavailableError as error:
             print("ERROR:", error)
         print("SECONDS:", time.monotonic() - start)
@@ -253,6 +257,7 @@ def test_hf_offline_fails_fast_with_a_clear_message(tmp_path):
     elapsed = time.monotonic() - start
     assert result.returncode == 0, result.stderr
     assert "ERROR:" in result.stdout and "offline mode is on" in result.stdout
+    assert "'Stanford/wikitablequestions' (split 'validation')" in result.stdout  # dev is the hub's validation
     assert "HF_HUB_OFFLINE" in result.stdout
     call_seconds = float(result.stdout.split("SECONDS:")[1])
     assert call_seconds < 10, result.stdout
@@ -271,7 +276,9 @@ def test_hf_unreachable_endpoint_fails_fast(monkeypatch):
     start = time.monotonic()
     with pytest.raises(DatasetUnavailableError, match="cannot reach the Hugging Face Hub"):
         load_hf_dataset("some/dataset", "validation", connect_timeout=2.0)
-    assert time.monotonic() - start < 5
+    with pytest.raises(DatasetUnavailableError, match="'some/dataset': cannot reach the Hugging Face Hub"):
+        load_dataset("hf:some/dataset")
+    assert time.monotonic() - start < 10
 
 
 def test_hf_records_are_converted(monkeypatch):

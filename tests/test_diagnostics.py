@@ -175,10 +175,11 @@ def test_summary_averages_over_examples_and_skips_undefined_measures(tmp_path):
     assert summary["measures"]["row_boundary"]["examples"] == 3 and summary["middle_layer"] == 2
     assert summary["answer_loss"] == {"clean": 1.0, "permuted": 2.0, "higher_when_permuted": 3}
     assert "| attention on an evidence cell | 2 | 0.2000 | 0.1500 | 1/2 |" in summary_markdown(summary)
-    plot_layers(pairs, tmp_path / "layers.png")
-    plot_heatmaps(pairs[0], [["a", "b"], ["c", "d"]], 2, tmp_path / "heat.png")
-    for name in ("layers.png", "heat.png"):
-        assert (tmp_path / name).read_bytes().startswith(b"\x89PNG")
+    assert plot_layers(pairs, tmp_path / "layers.png") == [tmp_path / "layers.pdf", tmp_path / "layers.png"]
+    plot_heatmaps(pairs[0], [["a", "b"], ["c", "d"]], 2, tmp_path / "heat")
+    for name in ("layers", "heat"):
+        assert (tmp_path / f"{name}.png").read_bytes().startswith(b"\x89PNG")
+        assert (tmp_path / f"{name}.pdf").read_bytes().startswith(b"%PDF")
 
 
 def test_diagnose_binary_writes_summary_and_pictures_and_resumes(tmp_path):
@@ -204,7 +205,8 @@ def test_diagnose_binary_writes_summary_and_pictures_and_resumes(tmp_path):
     pair = json.loads((out / "pairs.jsonl").read_text())
     assert pair["attack"] == "row_reverse" and pair["permuted"]["row_perm"] == pair["clean"]["row_perm"][::-1]
     assert json.loads((out / "summary.json").read_text())["examples"] == 1
-    assert (out / "layers.png").exists() and len(list(out.glob("heatmap_*.png"))) == 1
+    assert (out / "layers.png").exists() and (out / "layers.pdf").exists()
+    assert len(list(out.glob("heatmap_*.png"))) == len(list(out.glob("heatmap_*.pdf"))) == 1
     again = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
     assert again.returncode == 0 and (out / "pairs.jsonl").read_text().count("\n") == 1
     assert json.loads((out / "run.json").read_text())["attack"] == "row_reverse"

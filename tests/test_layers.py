@@ -18,6 +18,7 @@ LAYERS = {
     "data": 0,
     "version": 0,
     "plotting": 0,
+    "stats": 0,
     "distributed": 0,
     "compilation": 0,
     "inference": 1,

@@ -4,7 +4,8 @@ The plain wording is compared with the exact text the committed records were mad
 
 import pytest
 
-from atp_jax.tables.prompt import PromptStyle, instruction, render_prompt
+from atp_jax.tables.layout import build_layout
+from atp_jax.tables.prompt import PromptStyle, instruction, reference_answer, render_prompt
 from atp_jax.tables.table import Example, Table
 
 # The instructions of the committed records, verbatim.
@@ -57,3 +58,43 @@ def test_render_prompt_follows_the_examples_dataset(smollm2_tokenizer):
 def test_unknown_answer_format_is_refused():
     with pytest.raises(ValueError, match="answer_format must be one of dataset, plain, got 'fancy'"):
         PromptStyle(answer_format="fancy")
+
+
+PARAGRAPHS = ("Revenue rose on higher volumes.", "Margins fell as costs grew.")
+
+
+def test_paragraphs_are_shown_only_when_asked(smollm2_tokenizer):
+    bare = Example("What was the revenue in 2019?", TABLE, ["1.5"], "t", dataset="tatqa")
+    with_text = Example("What was the revenue in 2019?", TABLE, ["1.5"], "t", dataset="tatqa", paragraphs=PARAGRAPHS)
+    # Off (the default): the prompt is the one without paragraphs, word for word.
+    assert render_prompt(smollm2_tokenizer, with_text).text == render_prompt(smollm2_tokenizer, bare).text
+    prompt = render_prompt(smollm2_tokenizer, with_text, style=PromptStyle(paragraphs=True))
+    assert "Text:\n" + "\n".join(PARAGRAPHS) + "\n\nQuestion: What was the revenue" in prompt.after
+    assert prompt.table.text not in prompt.after  # the paragraphs follow the table and never move with it
+    # An example without paragraphs reads the same under either setting.
+    assert render_prompt(smollm2_tokenizer, bare, style=PromptStyle(paragraphs=True)).text == (
+        render_prompt(smollm2_tokenizer, bare).text
+    )
+
+
+def test_paragraphs_enter_the_recorded_style_only_when_on():
+    assert PromptStyle().as_dict() == {
+        "linearization": "markdown",
+        "reasoning": "concise",
+        "system": None,
+        "answer_format": "dataset",
+    }
+    assert PromptStyle(paragraphs=True).as_dict()["paragraphs"] is True
+
+
+def test_layout_with_paragraphs_equals_the_retokenized_permuted_text(smollm2_tokenizer):
+    example = Example("What was the revenue in 2019?", TABLE, ["1.5"], "t", dataset="tatqa", paragraphs=PARAGRAPHS)
+    style = PromptStyle(paragraphs=True)
+    layout = build_layout(smollm2_tokenizer, example, style=style)
+    assert layout.is_compositional
+    permuted = TABLE.permute([1, 0], [1, 0])
+    text = render_prompt(smollm2_tokenizer, example, permuted, style).text
+    expected = smollm2_tokenizer.encode(text, add_special_tokens=False) + smollm2_tokenizer.encode(
+        reference_answer(example), add_special_tokens=False
+    )
+    assert layout.ids([1, 0], [1, 0]).tolist() == expected

@@ -1,4 +1,4 @@
-"""Report over results folders: shard merging, aggregation, bootstrap intervals, markdown/CSV/PNG, sweeps.
+"""Report over results folders: shard merging, aggregation, BCa intervals, markdown/CSV/LaTeX/PDF/PNG, sweeps.
 
 The numbers expected below are worked out by hand from the synthetic records."""
 
@@ -6,18 +6,19 @@ import csv
 import io
 import json
 import math
+import shutil
+import statistics
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_binary
 
 from atp_jax.runs.ablation import plot_sweeps, sweep_rows, sweep_value
 from atp_jax.runs.folders import load_run, results_files
 from atp_jax.runs.records import append_record
-from atp_jax.runs.report import bootstrap_ci, plot_scores, score_csv, score_markdown, score_tables
-
-REPO = Path(__file__).resolve().parents[1]
+from atp_jax.runs.report import plot_scores, score_csv, score_latex, score_markdown, score_tables
+from atp_jax.stats import bootstrap_interval
 
 
 def rec(id_, attack, loss, **scores):
@@ -214,42 +215,16 @@ def test_one_model_in_two_styles_gets_two_rows(tmp_path):
     assert cell(table, "m1 (csv/concise)", "vanilla").mean == 0.0
 
 
-# --------------------------------------------------------------------------- bootstrap
-
-
-def test_bootstrap_of_constant_values_is_a_point():
-    assert bootstrap_ci([0.25, 0.25, 0.25]) == (0.25, 0.25)
-    assert bootstrap_ci([3.0]) == (3.0, 3.0)
-
-
-def test_bootstrap_exact_small_case():
-    # Resampled mean of [0, 0, 3] is k, k ~ Binomial(3, 1/3): P(0) = 8/27 > 2.5%, P(3) = 1/27 > 2.5%.
-    assert bootstrap_ci([0.0, 0.0, 3.0]) == (0.0, 3.0)
-    # Mean of [0, 1] resampled: 0, 0.5, 1 with probabilities 1/4, 1/2, 1/4.
-    assert bootstrap_ci([0.0, 1.0]) == (0.0, 1.0)
-    assert bootstrap_ci([0.0, 1.0], level=0.4) == (0.5, 0.5)
-
-
-def test_bootstrap_matches_the_normal_interval_of_a_proportion():
-    values = [1.0] * 120 + [0.0] * 280  # p = 0.3, n = 400
-    half = 1.959964 * math.sqrt(0.3 * 0.7 / 400)
-    low, high = bootstrap_ci(values, resamples=4000)
-    assert low == pytest.approx(0.3 - half, abs=0.006) and high == pytest.approx(0.3 + half, abs=0.006)
-
-
-def test_bootstrap_is_seeded():
-    values = [0.1, 0.5, 0.2, 0.9, 0.4]
-    assert bootstrap_ci(values, seed=1) == bootstrap_ci(values, seed=1)
-    assert bootstrap_ci(values, seed=1) != bootstrap_ci(values, seed=2)
-    with pytest.raises(ValueError, match="at least one value"):
-        bootstrap_ci([])
+# --------------------------------------------------------------------------- intervals
 
 
 def test_ci_cells_bracket_the_mean(folders):
     wtq, _ = score_tables([load_run(f) for f in folders], ci=True)
     c = cell(wtq, "m1", "vanilla")
-    assert (c.low, c.high) == bootstrap_ci([1.0, 0.0, 1.0])
+    assert (c.low, c.high) == bootstrap_interval([1.0, 0.0, 1.0])
     assert c.low <= c.mean <= c.high and wtq.ci_level == 0.95
+    paper = cell(wtq, "m1", "paper")  # two examples: BCa is undefined, no interval
+    assert paper.n == 2 and math.isnan(paper.low) and math.isnan(paper.high)
 
 
 # --------------------------------------------------------------------------- outputs
@@ -259,26 +234,28 @@ def test_markdown_content(folders):
     text = score_markdown(score_tables([load_run(f) for f in folders]))
     assert text == (
         "### wtq: mean accuracy\n\n"
-        "| model | vanilla | paper |\n|---|---|---|\n"
+        "| model | Vanilla | paper |\n|---|---|---|\n"
         "| m1 | 0.667 (n=3) | 0.500 (n=2) |\n"
         "| m2 | 1.000 (n=1) | 0.000 (n=1) |\n\n"
         "### tatqa: mean em (2 examples per cell)\n\n"
-        "| model | vanilla |\n|---|---|\n"
+        "| model | Vanilla |\n|---|---|\n"
         "| m1 | 0.500 |"
     )
 
 
 def test_markdown_with_ci_shows_half_the_interval(folders):
-    (tatqa,) = score_tables([load_run(folders[2])], ci=True)
-    low, high = bootstrap_ci([1.0, 0.0])  # (0, 1)
-    assert f"| m1 | 0.500 ± {(high - low) / 2:.3f} |" in score_markdown([tatqa])
-    assert "± half the 95% bootstrap interval" in score_markdown([tatqa])
+    wtq, tatqa = score_tables([load_run(f) for f in folders], ci=True)
+    low, high = bootstrap_interval([1.0, 0.0, 1.0])
+    assert f"| m1 | 0.667 ± {(high - low) / 2:.3f} (n=3) | 0.500 ± n/a (n=2) |" in score_markdown([wtq])
+    assert score_markdown([tatqa]).startswith(
+        "### tatqa: mean em ± half the 95% BCa bootstrap interval (n/a below 3 examples) (2 examples per cell)"
+    )
 
 
 def test_csv_content(folders):
     rows = list(csv.reader(io.StringIO(score_csv(score_tables([load_run(f) for f in folders])))))
     assert rows == [
-        ["dataset", "metric", "model", "vanilla", "vanilla n", "paper", "paper n"],
+        ["dataset", "metric", "model", "Vanilla", "Vanilla n", "paper", "paper n"],
         ["wtq", "accuracy", "m1", repr(2 / 3), "3", "0.5", "2"],
         ["wtq", "accuracy", "m2", "1.0", "1", "0.0", "1"],
         ["tatqa", "em", "m1", "0.5", "2", "", ""],
@@ -288,40 +265,28 @@ def test_csv_content(folders):
 def test_csv_with_ci_columns(folders):
     rows = list(csv.DictReader(io.StringIO(score_csv(score_tables([load_run(f) for f in folders], ci=True)))))
     m1 = rows[0]
-    assert (float(m1["vanilla ci_low"]), float(m1["vanilla ci_high"])) == bootstrap_ci([1.0, 0.0, 1.0])
+    assert (float(m1["Vanilla ci_low"]), float(m1["Vanilla ci_high"])) == bootstrap_interval([1.0, 0.0, 1.0])
+    assert m1["paper ci_low"] == m1["paper ci_high"] == ""  # two examples: undefined
     assert rows[2]["paper ci_low"] == ""
 
 
-def test_plot_writes_a_png(folders, tmp_path):
-    plot_scores(score_tables([load_run(f) for f in folders], ci=True), tmp_path / "chart.png")
+def test_plot_writes_a_pdf_and_a_png(folders, tmp_path):
+    written = plot_scores(score_tables([load_run(f) for f in folders], ci=True), tmp_path / "chart.png")
+    assert written == [tmp_path / "chart.pdf", tmp_path / "chart.png"]
     data = (tmp_path / "chart.png").read_bytes()
     assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 5000
+    assert (tmp_path / "chart.pdf").read_bytes().startswith(b"%PDF")
 
 
 def test_report_binary_writes_markdown_csv_and_png(folders, tmp_path):
     prefix = tmp_path / "out" / "table"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "atp_jax.cli.report",
-            "--results",
-            ",".join(map(str, folders)),
-            "--ci",
-            "--output",
-            str(prefix),
-        ],
-        check=False,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = run_binary("report", ["--results", ",".join(map(str, folders)), "--ci", "--output", prefix], timeout=120)
     assert done.returncode == 0, done.stderr
     assert "| m1 | 0.667 ± " in done.stdout
-    assert Path(f"{prefix}.md").read_text().startswith("### wtq: mean accuracy ± half the 95% bootstrap interval")
-    assert Path(f"{prefix}.csv").read_text().startswith("dataset,metric,model,vanilla,vanilla n,vanilla ci_low")
-    assert Path(f"{prefix}.png").stat().st_size > 5000
+    assert Path(f"{prefix}.md").read_text().startswith("### wtq: mean accuracy ± half the 95% BCa bootstrap interval")
+    assert Path(f"{prefix}.csv").read_text().startswith("dataset,metric,model,Vanilla,Vanilla n,Vanilla ci_low")
+    assert Path(f"{prefix}.tex").read_text().startswith("\\begin{table}")
+    assert Path(f"{prefix}.png").stat().st_size > 5000 and Path(f"{prefix}.pdf").stat().st_size > 5000
 
 
 # --------------------------------------------------------------------------- sweeps
@@ -346,14 +311,19 @@ def test_sweep_rows_sorted_by_value(tmp_path):
         {"id": "e3", "attack": "paper@n_attack=5", "skipped": "x"},
     ]
     rows = sweep_rows(records, "n_attack")
-    assert rows == [
+    # Below three examples a point has no interval (NaN ends).
+    assert all(math.isnan(row["loss_ci_low"]) and math.isnan(row["loss_ci_high"]) for row in rows)
+    assert [{k: v for k, v in row.items() if not k.startswith("loss_ci")} for row in rows] == [
         {"n_attack": 5.0, "examples": 2, "mean_loss": 2.0, "mean_clean_loss": 1.0, "mean_accuracy": 0.5},
         {"n_attack": 10.0, "examples": 1, "mean_loss": 2.0, "mean_clean_loss": 1.0, "mean_accuracy": 0.0},
     ]
     assert isinstance(rows[0]["n_attack"], int)  # shown as 5, not 5.000
     assert [r["lambda"] for r in sweep_rows(records, "lambda")] == [1.0]
+    three = sweep_rows([rec(f"e{k}", "paper@n_attack=5", float(k)) for k in range(3)], "n_attack")[0]
+    assert (three["loss_ci_low"], three["loss_ci_high"]) == bootstrap_interval([0.0, 1.0, 2.0])
     plot_sweeps({"n_attack": rows, "lambda": sweep_rows(records, "lambda")}, tmp_path / "sweep.png")
     assert (tmp_path / "sweep.png").read_bytes().startswith(b"\x89PNG")
+    assert (tmp_path / "sweep.pdf").read_bytes().startswith(b"%PDF")
 
 
 def test_paired_comparisons_by_hand():
@@ -366,11 +336,18 @@ def test_paired_comparisons_by_hand():
         rec("e2", "search_warm_reversed", 1.5),
         rec("e3", "search_warm", 2.0),  # no control on e3: left out of the pair
         {"id": "e4", "attack": "search_warm", "skipped": "too big"},
+        # best_of_k higher by exactly 1 on three examples: zero variance, the interval is the point.
+        *(rec(f"e{k}", "best_of_k", k + 1.0) for k in (1, 2, 3)),
+        *(rec(f"e{k}", "search_warm_random", float(k)) for k in (1, 2, 3)),
     ]
-    (row,) = paired_comparisons(records, pairs=[("search_warm", "search_warm_reversed"), ("atp_st", "best_of_k")])
+    pairs = [("search_warm", "search_warm_reversed"), ("atp_st", "best_of_k"), ("best_of_k", "search_warm_random")]
+    row, exact = paired_comparisons(records, pairs=pairs)
     assert row["examples"] == 2 and row["mean_difference"] == pytest.approx(0.25) and row["higher"] == "1/2"
-    assert row["ci_low"] == pytest.approx(-0.5) and row["ci_high"] == pytest.approx(1.0)
-    assert "| search_warm | search_warm_reversed | 2 | +0.250 [-0.500, +1.000] | 1/2 |" in comparison_markdown([row])
+    assert math.isnan(row["ci_low"]) and math.isnan(row["ci_high"])  # two examples: no BCa interval
+    assert (exact["examples"], exact["mean_difference"], exact["ci_low"], exact["ci_high"]) == (3, 1.0, 1.0, 1.0)
+    text = comparison_markdown([row, exact])
+    assert "| search_warm | search_warm_reversed | 2 | +0.250 [n/a] | 1/2 |" in text
+    assert "| best_of_k | search_warm_random | 3 | +1.000 [+1.000, +1.000] | 3/3 |" in text
 
 
 def test_option_rows_by_hand():
@@ -388,9 +365,9 @@ def test_option_rows_by_hand():
     rows = option_rows(records, "atp_st")
     assert [r["attack"] for r in rows] == ["atp_st", "atp_st@init=uniform", "atp_st@keep_best=off"]
     assert rows[0] == {"attack": "atp_st", "examples": 2, "mean_answer_loss": 3.0}
-    # Differences +1 and −1: mean 0; the bootstrap interval of two values spans them.
-    assert rows[1]["minus_atp_st"] == "+0.000 [-1.000, +1.000]" and rows[1]["higher_on"] == "1/2"
-    assert rows[2]["examples"] == 1 and rows[2]["minus_atp_st"] == "-1.000 [-1.000, -1.000]"
+    # Differences +1 and −1: mean 0; two examples give no BCa interval.
+    assert rows[1]["minus_atp_st"] == "+0.000 [n/a]" and rows[1]["higher_on"] == "1/2"
+    assert rows[2]["examples"] == 1 and rows[2]["minus_atp_st"] == "-1.000 [n/a]"
     assert rows[2]["higher_on"] == "0/1"
 
 
@@ -403,3 +380,82 @@ def test_summaries_skip_the_text_beside_a_null_judge_score():
     (row,) = summarize(records)
     assert row["judge"] == 0.5 and row["accuracy"] == 0.5 and "judge_error" not in row and "judge_raw" not in row
     assert available_metrics(records) == ["accuracy", "judge", "answer_loss"]
+
+
+# --------------------------------------------------------------------------- the paper's layout, three formats
+
+PAPER_IDS = ["atp_joint", "search_warm", "vanilla", "evolution", "best_of_k", "random"]  # recorded in this order
+
+
+def _paper_folders(tmp_path):
+    """Two models, four questions, the attacks recorded out of the paper's order plus one of ours."""
+    folders, means = [], {}
+    for m, model in enumerate(["qwen-a", "smol_b"]):  # '_' must be escaped in LaTeX
+        records = []
+        for k, attack in enumerate(PAPER_IDS):
+            for e in range(4):
+                loss = 1.0 + 0.37 * k + 0.11 * e * (m + 1) + 0.05 * (e == 2)
+                records.append(rec(f"q{e}", attack, loss, accuracy=float((e + k + m) % 3 == 0)))
+            values = [r for r in records if r["attack"] == attack]
+            means[(model, attack)] = statistics.fmean(r["scores"]["accuracy"] for r in values)
+        folders.append(make_folder(tmp_path / model, model, "wtq", {"results.jsonl": records}))
+    return folders, means
+
+
+def test_paper_layout_in_markdown_csv_and_latex_for_two_models(tmp_path):
+    folders, means = _paper_folders(tmp_path)
+    prefix = tmp_path / "out" / "paper"
+    done = run_binary("report", ["--results", ",".join(map(str, folders)), "--output", prefix], timeout=120)
+    assert done.returncode == 0, done.stderr
+    # The paper's columns in its order and names, then ours under its id.
+    ids = ["vanilla", "random", "best_of_k", "evolution", "atp_joint", "search_warm"]
+    names = ["Vanilla", "Rand", "Best 20", "E-Search", "ATP Row&Col", "search_warm"]
+
+    lines = [line for line in Path(f"{prefix}.md").read_text().splitlines() if line.startswith("| ")]
+    header, *rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
+    assert header == ["model", *names]
+    for model, *cells in rows:
+        assert [float(c.split()[0]) for c in cells] == [round(means[(model, a)], 3) for a in ids]
+        assert all(" ± " in c for c in cells)
+
+    table = list(csv.DictReader(io.StringIO(Path(f"{prefix}.csv").read_text())))
+    assert [row["model"] for row in table] == ["qwen-a", "smol_b"]
+    for row in table:
+        for attack, name in zip(ids, names):
+            assert float(row[name]) == means[(row["model"], attack)] and row[f"{name} n"] == "4"
+            assert float(row[f"{name} ci_low"]) <= float(row[name]) <= float(row[f"{name} ci_high"])
+
+    tex = Path(f"{prefix}.tex").read_text().splitlines()
+    assert tex[tex.index(r"\toprule") - 1] == r"\begin{tabular}{l" + "r" * len(ids) + "}"
+    body = tex[tex.index(r"\toprule") + 1 : tex.index(r"\bottomrule")]
+    assert body[1] == r"\midrule"
+    assert body[0] == " & ".join(
+        ["Model", "Vanilla", "Rand", "Best 20", "E-Search", r"ATP Row\&Col", r"search\_warm"]
+    ) + (r" \\")
+    for line, model in zip(body[2:], ["qwen-a", r"smol\_b"]):
+        first, *cells = line.removesuffix(r" \\").split(" & ")
+        assert first == model
+        plain = model.replace("\\", "")
+        assert [float(c.split()[0]) for c in cells] == [round(means[(plain, a)], 3) for a in ids]
+        assert all(r" $\pm$ " in c for c in cells)
+    assert Path(f"{prefix}.pdf").read_bytes().startswith(b"%PDF")
+
+
+@pytest.mark.skipif(shutil.which("pdflatex") is None, reason="pdflatex is not installed")
+def test_latex_table_compiles_with_booktabs(tmp_path):
+    folders, _ = _paper_folders(tmp_path)
+    tex = score_latex(score_tables([load_run(f) for f in folders], ci=True))
+    document = tmp_path / "doc.tex"
+    document.write_text(
+        "\\documentclass{article}\n\\usepackage{booktabs}\n\\begin{document}\n" + tex + "\\end{document}\n"
+    )
+    done = subprocess.run(
+        ["pdflatex", "-interaction=nonstopmode", "-halt-on-error", document.name],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert (tmp_path / "doc.pdf").read_bytes().startswith(b"%PDF")

@@ -45,6 +45,10 @@ def _closed_port():
         (["--metrics", "auto,judge"], "needs exactly one of --judge_model or --judge_url"),
         (["--metrics", "auto,judge", "--judge_model", "x", "--nogenerate"], "drop --nogenerate"),
         (["--order_filter", "regex"], "--order_filter=regex: value should be one of <classifier|keywords>"),
+        (["--paragraphs"], "--paragraphs: the examples of --dataset sample carry no paragraphs"),
+        (["--dataset", "wtq", "--data_dir", "/nonexistent/data"], "--dataset wtq: /nonexistent/data/wtq/dev.jsonl"),
+        # Offline, or no hub reachable: either way one message naming the id, before the model.
+        (["--dataset", "hf:atp-jax-test/no-such-dataset"], "--dataset hf:atp-jax-test/no-such-dataset: "),
     ],
 )
 def test_bad_flag_stops_before_the_model(tmp_path, args, message):

@@ -1,6 +1,8 @@
 """Tests for atp_jax.tables.table: validation, permutation and Example."""
 
+import csv
 import dataclasses
+import sys
 
 import numpy as np
 import pytest
@@ -188,3 +190,97 @@ def test_missing_cells_are_empty_and_numpy_numbers_are_text():
     table = Table(["a", None, "c"], [[None, float("nan"), np.float64("nan")], [np.int64(3), np.float32(0.5), 2.5]])
     assert table.header == ("a", "", "c")
     assert table.rows == (("", "", ""), ("3", "0.5", "2.5"))
+
+
+def test_example_paragraphs_are_a_tuple_of_strings():
+    example = Example("q", small_table(), ["a"], "id", paragraphs=["One.", "Two."])
+    assert example.paragraphs == ("One.", "Two.")
+    with pytest.raises(TypeError, match="paragraphs must be a list"):
+        Example("q", small_table(), ["a"], "id", paragraphs="One.")
+    with pytest.raises(TypeError, match=r"paragraphs\[0\] is int"):
+        Example("q", small_table(), ["a"], "id", paragraphs=[1])
+
+
+# ------------------------------------------------------------------ tables of one's own: CSV and pandas
+
+ROWS = [
+    ["Player", "Goals", "Note"],
+    ["Alice", "12", 'said "hi", then left'],  # quotes and a comma inside a field
+    ["Bob", "", "two\nlines"],  # an empty field, a line break inside a field
+    ["  Carol ", "7", "NA"],  # surrounding whitespace; NA is text in a CSV
+]
+
+
+def test_from_csv_reads_what_the_standard_writer_wrote(tmp_path):
+    path = tmp_path / "table.csv"
+    with path.open("w", encoding="utf-8", newline="") as handle:
+        csv.writer(handle).writerows(ROWS)
+    table = Table.from_csv(path)
+    assert table.header == tuple(ROWS[0])
+    assert table.rows == tuple(tuple(cell.strip() for cell in row) for row in ROWS[1:])
+    assert Table.from_csv(path, strip=False).rows[2][0] == "  Carol "
+    with path.open("w", encoding="utf-8", newline="") as handle:
+        csv.writer(handle, delimiter="\t").writerows(ROWS)
+    assert Table.from_csv(path, delimiter="\t") == table
+
+
+def test_from_csv_names_the_problem(tmp_path):
+    ragged = tmp_path / "ragged.csv"
+    ragged.write_text("a,b\n1,2\n3\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"ragged\.csv:3: 1 fields but the header has 2"):
+        Table.from_csv(ragged)
+    empty = tmp_path / "empty.csv"
+    empty.write_text("", encoding="utf-8")
+    with pytest.raises(ValueError, match="empty: a CSV table needs a header row"):
+        Table.from_csv(empty)
+    with pytest.raises(FileNotFoundError):
+        Table.from_csv(tmp_path / "missing.csv")
+
+
+def test_from_pandas_numpy_dtypes_and_missing_values():
+    pd = pytest.importorskip("pandas")
+    frame = pd.DataFrame(
+        {
+            "int64": np.array([12, -3], dtype=np.int64),
+            "float64": np.array([0.5, np.nan], dtype=np.float64),
+            "bool": np.array([True, False]),
+            "object": [" x ", None],
+            "nullable": pd.array([7, pd.NA], dtype="Int64"),
+            "when": pd.to_datetime(["2020-01-02", None]).strftime("%Y-%m-%d"),  # NaT formats to NaN
+        }
+    )
+    assert [str(t) for t in frame.dtypes[:3]] == ["int64", "float64", "bool"]
+    table = Table.from_pandas(frame)
+    assert table.header == ("int64", "float64", "bool", "object", "nullable", "when")
+    assert table.rows == (("12", "0.5", "True", "x", "7", "2020-01-02"), ("-3", "", "False", "", "", ""))
+    indexed = Table.from_pandas(frame.set_index("int64"), index=True)
+    assert indexed == table
+    assert Table.from_pandas(pd.DataFrame({0: [1], 1: ["a"]})).header == ("0", "1")
+
+
+def test_from_pandas_agrees_with_from_csv_on_the_same_file(tmp_path):
+    pd = pytest.importorskip("pandas")
+    path = tmp_path / "table.csv"
+    with path.open("w", encoding="utf-8", newline="") as handle:
+        csv.writer(handle).writerows([["Team", "Wins", "Champion"], ["A", "3", "True"], ["B", "", "False"]])
+    # Read as text, pandas gives the CSV's own fields; its missing-value guess (NaN for the empty field) is empty too.
+    assert Table.from_pandas(pd.read_csv(path, dtype=str)) == Table.from_csv(path)
+    # With pandas' type inference the empty field makes Wins a float column: 3 becomes 3.0 (documented).
+    inferred = Table.from_pandas(pd.read_csv(path))
+    assert inferred.rows == (("A", "3.0", "True"), ("B", "", "False"))
+
+
+def test_from_pandas_refuses_what_it_cannot_write():
+    pd = pytest.importorskip("pandas")
+    with pytest.raises(TypeError, match="takes a pandas DataFrame, got list"):
+        Table.from_pandas([[1, 2]])
+    with pytest.raises(TypeError, match=r"row 0, column 'when' is Timestamp .*astype\(str\)"):
+        Table.from_pandas(pd.DataFrame({"when": pd.to_datetime(["2020-01-02"])}))
+    with pytest.raises(ValueError, match="multi-level column names"):
+        Table.from_pandas(pd.DataFrame([[1, 2]], columns=pd.MultiIndex.from_tuples([("a", "x"), ("a", "y")])))
+
+
+def test_from_pandas_without_pandas_says_what_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pandas", None)  # import pandas now fails as where it is not installed
+    with pytest.raises(ImportError, match="Table.from_pandas needs pandas: pip install pandas"):
+        Table.from_pandas(object())

@@ -10,12 +10,11 @@ N_attack the steps or search iterations), recorded under the point's canonical a
 valid ``--attacks`` entry, in the schema of run_attack.py: ``OUTPUT_DIR/lambda/results.jsonl`` and
 ``OUTPUT_DIR/n_attack/results.jsonl`` (``results.shardK.jsonl`` per process), each with its run.json,
 resumed on rerun. Then prints value → mean loss / mean score and writes ``OUTPUT_DIR/ablation.md`` and
-the line plot ``OUTPUT_DIR/ablation.png``. ``report.py --results OUTPUT_DIR/lambda`` reads a sweep too.
+the line plot ``OUTPUT_DIR/ablation.pdf`` and ``.png``. ``report.py --results OUTPUT_DIR/lambda`` reads a sweep too.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from pathlib import Path
 
@@ -126,7 +125,7 @@ def main(argv):
     if not examples:
         sys.exit(f"--dataset {FLAGS.dataset}: no examples selected; loosen --num_examples/--max_rows/--max_cols")
     identity = {
-        "style": dataclasses.asdict(style),
+        "style": style.as_dict(),
         "seed": FLAGS.seed,
         "generate": FLAGS.generate,
         "max_new_tokens": FLAGS.max_new_tokens,
@@ -191,8 +190,7 @@ def main(argv):
     (out / "ablation.md").write_text(text + "\n")
     written = [out / "ablation.md"]
     if rows:  # the options sweep has no numeric axis to plot
-        plot_sweeps(rows, out / "ablation.png")
-        written.append(out / "ablation.png")
+        written += plot_sweeps(rows, out / "ablation")
     print("wrote", ", ".join(map(str, written)))
 
 

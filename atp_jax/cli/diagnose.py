@@ -11,13 +11,13 @@ order and in the order an attack chose, taken from a results folder (``--results
   row-boundary and within-row attention, evidence cells) and both reference-answer losses; appended
   atomically, and a rerun skips the examples already there; ``run.json`` and ``flags.txt`` as for
   run_attack.py (a rerun with another model, dataset, attack or order source is refused; ``--restart``).
-- ``summary.md`` / ``summary.json``: the Table-3-like averages; ``layers.png``: per-layer curves
-  (Figure 5); ``heatmap_<id>.png`` for the first ``--heatmaps`` examples (Figure 4).
+- ``summary.md`` / ``summary.json``: the Table-3-like averages; ``layers.pdf``/``.png``: per-layer curves
+  with 95% BCa bands (Figure 5); ``heatmap_<id>.pdf``/``.png`` for the first ``--heatmaps`` examples
+  (Figure 4). A rerun with every example recorded redraws these from ``pairs.jsonl`` without the model.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -75,7 +75,7 @@ def main(argv):
         identity = {
             **model_fingerprint(FLAGS.model),
             **dataset_fingerprint(FLAGS.dataset, FLAGS.split, FLAGS.data_dir),
-            "style": dataclasses.asdict(style),
+            "style": style.as_dict(),
             "attack": FLAGS.attack,
             "orders_from": FLAGS.results,
             "seed": FLAGS.seed,
@@ -90,14 +90,17 @@ def main(argv):
         )
     except (ManifestMismatch, ValueError) as e:
         sys.exit(str(e))
-    try:
-        model = atp_jax.load_model(FLAGS.model)
-    except (ValueError, OSError) as e:
-        sys.exit(f"--model {FLAGS.model}: {e}")
-
     pairs_path = folder.results_file
     done = {r["id"] for r in read_records(pairs_path)}
-    for example in tqdm([e for e in examples if e.id not in done], desc="diagnosing"):
+    todo = [e for e in examples if e.id not in done]
+    model_name = identity["model"]
+    if todo:  # with every example recorded, a rerun only redraws the summary and figures: no model needed
+        try:
+            model = atp_jax.load_model(FLAGS.model)
+        except (ValueError, OSError) as e:
+            sys.exit(f"--model {FLAGS.model}: {e}")
+        model_name = model.name
+    for example in tqdm(todo, desc="diagnosing"):
         if example.id in recorded:
             row_perm, col_perm = recorded[example.id]["row_perm"], recorded[example.id]["col_perm"]
             source = f"results:{FLAGS.results}"
@@ -135,18 +138,18 @@ def main(argv):
     if not pairs:
         sys.exit(f"no example could be diagnosed ({len(skipped)} skipped); see {pairs_path}")
     summary = summarize_pairs(pairs)
-    summary.update(model=model.name, attack=FLAGS.attack, skipped=len(skipped))
+    summary.update(model=model_name, attack=FLAGS.attack, skipped=len(skipped))
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     text = (
-        f"Model {model.name}, adversarial order: {FLAGS.attack}, {len(pairs)} examples "
+        f"Model {model_name}, adversarial order: {FLAGS.attack}, {len(pairs)} examples "
         f"({len(skipped)} skipped).\n\n" + summary_markdown(summary)
     )
     (out / "summary.md").write_text(text)
-    plot_layers(pairs, out / "layers.png", title=f"{model.name}: original vs {FLAGS.attack} order")
+    plot_layers(pairs, out / "layers", title=f"{model_name}: original vs {FLAGS.attack} order")
     by_id = {e.id: e for e in examples}
     for pair in pairs[: FLAGS.heatmaps]:
         if pair["id"] in by_id:
-            path = out / f"heatmap_{pair['id']}.png"
+            path = out / f"heatmap_{pair['id']}"
             plot_heatmaps(pair, by_id[pair["id"]].table.cells, summary["middle_layer"], path)
     print(text)
 

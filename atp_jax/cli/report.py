@@ -1,19 +1,22 @@
-"""The paper-style results table over one or more results folders: models x attacks, per dataset.
+"""The paper's results table over one or more results folders: models x attacks, per dataset.
 
-  atp-report --results results/smollm,results/qwen --ci --output results/table
+  atp-report --results results/smollm,results/qwen --output results/table
 
 Each folder's ``results.jsonl`` and ``results.shard*.jsonl`` are merged (a pair (id, attack) recorded
 twice counts once, the first time); its ``run.json`` names the model (the row) and the dataset (the
-table). Cells are the mean ``--metric`` over examples (default: accuracy, em or rougeL_recall, the
-first recorded; answer_loss for runs without generation), with ``--ci`` a 95% bootstrap interval;
-``--paired`` averages each row over only the examples measured for every attack (partial runs).
-Prints the markdown; with ``--output PREFIX`` also writes PREFIX.md, PREFIX.csv and PREFIX.png.
-A folder whose records carry ``defended`` (run_attack.py --smoothing_k) adds a section to the markdown:
-per attack, the undefended mean score and the mean under permutation smoothing with each k.
+table). Columns are the paper's (Vanilla | Rand | Best 20 | Row Rvs | Col Rvs | E-Search | ATP Row | ATP Col |
+ATP Row&Col, for the presets of the ``paper_table`` group), then any other attack under its id. Cells are the
+mean ``--metric`` over examples (default: accuracy, em or rougeL_recall, the first recorded; answer_loss for
+runs without generation) with a 95% BCa bootstrap interval (``--noci`` leaves it out); ``--paired`` averages
+each row over only the examples measured for every attack (partial runs). Prints the markdown; with
+``--output PREFIX`` also writes PREFIX.md, PREFIX.csv, PREFIX.tex (booktabs) and the bar chart PREFIX.pdf and
+PREFIX.png. A folder whose records carry ``defended`` (atp-attack --smoothing_k) adds a section to the
+markdown: per attack, the undefended mean score and the mean under permutation smoothing with each k.
 """
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from absl import flags
@@ -27,6 +30,7 @@ from atp_jax.runs.report import (
     paired_comparisons,
     plot_scores,
     score_csv,
+    score_latex,
     score_markdown,
     score_tables,
 )
@@ -38,12 +42,17 @@ _METRIC = flags.DEFINE_string(
     "accuracy | em | f1 | rougeL_recall | answer_loss (default: the "
     "first recorded of accuracy, em, rougeL_recall, else answer_loss).",
 )
-_CI = flags.DEFINE_bool("ci", False, "Add a 95% percentile-bootstrap interval of each mean.")
+_CI = flags.DEFINE_bool(
+    "ci", True, "Give each mean its 95% BCa bootstrap interval (none below 3 examples); --noci leaves them out."
+)
 _PAIRED = flags.DEFINE_bool(
     "paired",
     False,
     "Average each model's row only over the examples measured for "
     "every attack (a fair comparison inside a partial run).",
+)
+_ATTACKS = flags.DEFINE_list(
+    "attacks", None, "Only these attacks' columns (a group such as paper_table stands for its attacks); default: all."
 )
 _RESAMPLES = flags.DEFINE_integer("resamples", 2000, "Bootstrap resamples.")
 _SEED = flags.DEFINE_integer("seed", 0, "Bootstrap seed.")
@@ -53,16 +62,29 @@ _COMPARE = flags.DEFINE_bool(
     "Also print paired comparisons of each gradient method with its "
     "reversed/random-direction controls and with best-of-20 (per-example differences).",
 )
-_OUTPUT = flags.DEFINE_string("output", None, "Prefix of the .md, .csv and .png files to write (none: print only).")
+_OUTPUT = flags.DEFINE_string(
+    "output", None, "Prefix of the .md, .csv, .tex, .pdf and .png files to write (none: print only)."
+)
 flags.mark_flag_as_required("results")
 
 
 def main(argv):
     del argv
-    runs = [load_run(folder) for folder in _RESULTS.value]
-    tables = score_tables(
-        runs, _METRIC.value, _CI.value, resamples=_RESAMPLES.value, seed=_SEED.value, paired=_PAIRED.value
-    )
+    try:
+        runs = [load_run(folder) for folder in _RESULTS.value]
+        tables = score_tables(
+            runs,
+            _METRIC.value,
+            _CI.value,
+            resamples=_RESAMPLES.value,
+            seed=_SEED.value,
+            paired=_PAIRED.value,
+            attacks=_ATTACKS.value,
+        )
+    except (FileNotFoundError, ValueError) as e:
+        sys.exit(f"--results {','.join(_RESULTS.value)}: {e}")
+    if not tables:
+        sys.exit(f"--attacks {','.join(_ATTACKS.value or [])}: none of them is recorded in --results")
     sections = [score_markdown(tables)]
     for run in runs:
         defended = [r for r in run.records if "skipped" not in r and r.get("defended")]
@@ -89,8 +111,9 @@ def main(argv):
         prefix.parent.mkdir(parents=True, exist_ok=True)
         Path(f"{prefix}.md").write_text(markdown + "\n")
         Path(f"{prefix}.csv").write_text(score_csv(tables))
-        plot_scores(tables, f"{prefix}.png")
-        print(f"wrote {prefix}.md, {prefix}.csv, {prefix}.png")
+        Path(f"{prefix}.tex").write_text(score_latex(tables))
+        figures = plot_scores(tables, prefix)
+        print("wrote", ", ".join(map(str, [f"{prefix}.md", f"{prefix}.csv", f"{prefix}.tex", *figures])))
 
 
 def run() -> None:

@@ -52,6 +52,12 @@ flags.DEFINE_enum(
     "How the prompt asks for the answer: "
     "dataset (TAT-QA: a number with its scale word or percent sign) or plain (one wording for all).",
 )
+flags.DEFINE_bool(
+    "paragraphs",
+    False,
+    "Show each example's paragraphs (TAT-QA's text beside the table, read from its official release) after the "
+    "table; they stay in place while the table is permuted.",
+)
 flags.DEFINE_list(
     "attacks",
     ["paper_table"],
@@ -197,10 +203,15 @@ def main(argv):
             f"{FLAGS.max_rows}, --max_cols {FLAGS.max_cols}, --filter_order_sensitive "
             f"{FLAGS.filter_order_sensitive}); loosen the selection"
         )
-    style = PromptStyle(linearization=FLAGS.style, answer_format=FLAGS.answer_format)
+    if FLAGS.paragraphs and not any(example.paragraphs for example in examples):
+        sys.exit(
+            f"--paragraphs: the examples of --dataset {FLAGS.dataset} carry no paragraphs; read TAT-QA from its "
+            "official release (--dataset tatqa --data_dir <a TAT-QA checkout>), or drop --paragraphs"
+        )
+    style = PromptStyle(linearization=FLAGS.style, answer_format=FLAGS.answer_format, paragraphs=FLAGS.paragraphs)
     configs = _configs(attacks)
     identity = {
-        "style": dataclasses.asdict(style),
+        "style": style.as_dict(),
         "seed": FLAGS.seed,
         "metrics": FLAGS.metrics,
         "judge": FLAGS.judge_model or (FLAGS.judge_url and f"{FLAGS.judge_name} at {FLAGS.judge_url}"),

@@ -17,6 +17,7 @@ from pathlib import Path
 from absl import flags, logging
 
 from atp_jax.compilation import compile_totals, disable_persistent_cache, enable_persistent_cache
+from atp_jax.data.datasets import DatasetUnavailableError
 from atp_jax.data.order_filter import DEFAULT_ORDER_FILTER, ORDER_FILTERS
 from atp_jax.distributed import MODES
 from atp_jax.runs.experiment import environment, memory_budget_bytes, select_examples
@@ -40,8 +41,13 @@ FLAGS = flags.FLAGS
 def define_flags(num_examples: int, max_rows: int = 12, max_cols: int = 8, sharding: bool = True) -> None:
     """``--dataset --data_dir --split --num_examples --filter_order_sensitive --order_filter --max_rows
     --max_cols``, and with ``sharding`` ``--process_index --process_count --distributed``."""
-    flags.DEFINE_string("dataset", "sample", "sample | wtq | tatqa | fetaqa | path.jsonl")
-    flags.DEFINE_string("data_dir", None, "Folder with wtq/, tatqa/, fetaqa/ (default: $ATP_JAX_DATA).")
+    flags.DEFINE_string("dataset", "sample", "sample | wtq | tatqa | fetaqa | path.jsonl | hf:<hub id>")
+    flags.DEFINE_string(
+        "data_dir",
+        None,
+        "Folder with wtq/, tatqa/, fetaqa/ JSONL, or a checkout of the dataset's official repository (or the "
+        "folder holding it) (default: $ATP_JAX_DATA).",
+    )
     flags.DEFINE_string("split", "dev", "Dataset split.")
     flags.DEFINE_integer("num_examples", num_examples, "Examples (after filtering), 0 for all.")
     flags.DEFINE_bool(
@@ -87,7 +93,7 @@ def examples(process_index: int = 0, process_count: int = 1) -> list[Example]:
             process_count,
             order_filter=FLAGS.order_filter,
         )
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, DatasetUnavailableError) as e:
         sys.exit(f"--dataset {FLAGS.dataset}: {e}")
 
 

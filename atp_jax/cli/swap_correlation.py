@@ -16,14 +16,12 @@ on the same questions, one per compared folder — the distinct hard orders each
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import statistics
 import sys
 import time
 
 import numpy as np
-import scipy.stats
 from absl import flags
 from tqdm import tqdm
 
@@ -36,6 +34,7 @@ from atp_jax.cli.console import run_app
 from atp_jax.inference.qa import InputTooLong
 from atp_jax.runs.folders import load_run
 from atp_jax.runs.records import read_records
+from atp_jax.stats import bootstrap_interval, has_interval
 from atp_jax.tables.linearize import STYLES
 from atp_jax.tables.prompt import PromptStyle
 
@@ -78,10 +77,11 @@ def compare_table(folders: list[str], attack_folders: list[str], atp_attacks: li
         rho = [r["spearman"] for r in rows]
         first = rho if first is None else first
         shift = "–"
-        if i and len(rho) > 2:
+        if i:
             differences = np.asarray(rho) - np.asarray(first)  # paired: the same questions
-            interval = scipy.stats.bootstrap((differences,), np.mean, method="BCa", random_state=0).confidence_interval
-            shift = f"{differences.mean():+.3f} ({interval.low:+.3f} … {interval.high:+.3f})"
+            low, high = bootstrap_interval(differences)
+            interval = f"({low:+.3f} … {high:+.3f})" if has_interval(low, high) else "(n/a)"
+            shift = f"{differences.mean():+.3f} {interval}"
         visits = []
         attack_folder = attack_folders[i] if i < len(attack_folders) else "-"
         for spec in atp_attacks:
@@ -115,7 +115,7 @@ def main(argv):
         sys.exit(f"--dataset {FLAGS.dataset}: no examples selected; loosen the selection")
     style = PromptStyle(linearization=FLAGS.style)
     folder = selection.open_folder(
-        {"style": dataclasses.asdict(style), "diagnostic": "single-swap rank correlation at the original order"},
+        {"style": style.as_dict(), "diagnostic": "single-swap rank correlation at the original order"},
         {RECORD_NAME: {"method": RECORD_NAME, "at": "original order", "moves": "every single row and column swap"}},
         len(examples),
     )

@@ -12,7 +12,6 @@ so ``report.py --results results/smollm,results/smollm_to_qwen`` puts both in on
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from pathlib import Path
 
@@ -107,6 +106,7 @@ def main(argv):
         system=source_style.get("system"),
         # A source recorded before answer formats existed was prompted with the plain wording.
         answer_format=source_style.get("answer_format", "plain"),
+        paragraphs=source_style.get("paragraphs", False),
     )
     target = FLAGS.model or source.manifest.get("model_source") or source.model
     origin = {
@@ -120,7 +120,7 @@ def main(argv):
         identity = {
             **model_fingerprint(target),
             **dataset_fingerprint(dataset, split, FLAGS.data_dir),
-            "style": dataclasses.asdict(style),
+            "style": style.as_dict(),
             "generate": FLAGS.generate,
             "max_new_tokens": FLAGS.max_new_tokens,
             "transferred_from": origin,

@@ -12,8 +12,10 @@ Sources
   without it is refused unless the caller names the dataset (``load_jsonl(path, dataset="wtq")``).
 * :func:`load_dataset` by name: ``"sample"`` (about 180 WTQ dev questions bundled with
   the package), ``"wtq"``, ``"tatqa"`` or ``"fetaqa"`` (read from a data directory laid
-  out as ``<data_dir>/<name>/<split>.jsonl``), or a path to a ``.jsonl`` file.
-* :func:`load_hf_dataset` for a Hugging Face Hub dataset, for users with hub access.
+  out as ``<data_dir>/<name>/<split>.jsonl``, or from a checkout of the dataset's official
+  repository: :mod:`atp_jax.data.releases`), a path to a ``.jsonl`` file, or ``"hf:<id>"``.
+* :func:`load_hf_dataset` for a Hugging Face Hub dataset, for users with hub access
+  (``load_dataset("hf:<id>")`` calls it).
 
 Order-dependent questions
 -------------------------
@@ -26,6 +28,7 @@ here with :data:`ORDER_KEYWORDS` and :data:`ORDER_EXCLUSIONS`).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.resources
 import json
 import os
@@ -43,7 +46,8 @@ from atp_jax.data.order_filter import (
     is_order_sensitive,
     order_rule,
 )
-from atp_jax.data.registry import dataset_names
+from atp_jax.data.registry import dataset_names, dataset_spec
+from atp_jax.data.releases import Release
 from atp_jax.tables.table import Example, Table
 
 __all__ = [
@@ -54,7 +58,11 @@ __all__ = [
     "ORDER_FILTERS",
     "DEFAULT_ORDER_FILTER",
     "DatasetUnavailableError",
+    "DatasetSource",
+    "HUB_PREFIX",
     "example_from_dict",
+    "example_to_dict",
+    "locate_dataset",
     "load_jsonl",
     "load_dataset",
     "load_hf_dataset",
@@ -67,6 +75,9 @@ DATA_ENV_VAR = "ATP_JAX_DATA"
 
 SAMPLE = "sample"  # the bundled WTQ dev subset
 SAMPLE_DATASET = "wtq"
+HUB_PREFIX = "hf:"
+"""``--dataset hf:<id>`` loads a Hugging Face Hub dataset (:func:`load_hf_dataset`)."""
+HUB_SPLITS = {"dev": "validation"}  # the hub's name for a split
 
 
 def dataset_choices() -> tuple[str, ...]:
@@ -106,6 +117,9 @@ def example_from_dict(record: Mapping[str, Any]) -> Example:
     meta = record.get("meta", {})
     if not isinstance(meta, Mapping):
         raise ValueError(f"'meta' must be an object, got {type(meta).__name__}")
+    paragraphs = record.get("paragraphs", [])
+    if not isinstance(paragraphs, list):
+        raise ValueError(f"'paragraphs' must be a list of strings, got {type(paragraphs).__name__}")
     return Example(
         question=record["question"],
         table=Table(table["header"], table["rows"]),
@@ -113,7 +127,24 @@ def example_from_dict(record: Mapping[str, Any]) -> Example:
         id=record["id"],
         meta=meta,
         dataset=record.get("dataset", ""),
+        paragraphs=paragraphs,
     )
+
+
+def example_to_dict(example: Example) -> dict[str, Any]:
+    """The example as one record of the JSONL schema (``example_from_dict`` reads it back); ``paragraphs``
+    only when it has some."""
+    record = {
+        "id": example.id,
+        "dataset": example.dataset,
+        "question": example.question,
+        "answers": list(example.answers),
+        "table": example.table.to_dict(),
+        "meta": dict(example.meta),
+    }
+    if example.paragraphs:
+        record["paragraphs"] = list(example.paragraphs)
+    return record
 
 
 def _check_dataset_name(dataset: str | None) -> None:
@@ -186,47 +217,51 @@ def load_jsonl(path: str | os.PathLike[str], dataset: str | None = None) -> list
     return examples
 
 
-def _bundled_sample() -> list[Example]:
-    resource = importlib.resources.files("atp_jax.data").joinpath(_SAMPLE_FILE)
-    with importlib.resources.as_file(resource) as path:
-        if not path.is_file():
-            raise DatasetUnavailableError(
-                f"the bundled sample {_SAMPLE_FILE} is missing from the installed package; "
-                "reinstall atp-jax, or rebuild it with `python -m atp_jax.data.make_sample`"
-            )
-        return load_jsonl(path, dataset=SAMPLE_DATASET)
+@dataclasses.dataclass(frozen=True)
+class DatasetSource:
+    """The files a named or JSONL dataset is read from: one project-schema JSONL file (``release`` None), or a
+    checkout of the dataset's official repository (``path``) read by ``release``."""
+
+    path: Path
+    split: str
+    dataset: str | None = None  # the records' dataset, where the source fixes it
+    release: Release | None = None
+
+    def files(self) -> tuple[Path, list[str]]:
+        """``(folder, names inside it)`` of every file the examples are read from."""
+        if self.release is None:
+            return self.path.parent, [self.path.name]
+        return self.path, self.release.files(self.path, self.split)
+
+    def load(self, dataset: str | None = None) -> list[Example]:
+        if self.release is None:
+            return load_jsonl(self.path, dataset=dataset or self.dataset)
+        return self.release.read(self.path, self.split)
 
 
-def load_dataset(
+def locate_dataset(
     name_or_path: str | os.PathLike[str],
     split: str = "dev",
     data_dir: str | os.PathLike[str] | None = None,
     dataset: str | None = None,
-) -> list[Example]:
-    """Load a dataset by name or from a ``.jsonl`` path.
+) -> DatasetSource:
+    """Where :func:`load_dataset` reads a named dataset or a ``.jsonl`` path from (arguments as there).
 
-    Args:
-        name_or_path: ``"sample"`` (bundled WTQ dev subset; only ``split="dev"``),
-            ``"wtq"``, ``"tatqa"``, ``"fetaqa"``, or a path to a ``.jsonl`` file (then
-            ``split`` and ``data_dir`` are ignored).
-        split: the split file to read for a named dataset, e.g. ``"dev"``.
-        data_dir: directory containing ``<name>/<split>.jsonl``; defaults to the
-            ``ATP_JAX_DATA`` environment variable.
-        dataset: the dataset of the records, for a file whose records lack the ``dataset`` field (see
-            :func:`load_jsonl`). A named dataset is its own (``"sample"`` is WTQ); naming another is refused.
+    A named dataset is ``<data_dir>/<name>/<split>.jsonl`` when that file exists, else the checkout of its
+    official repository at ``data_dir`` or ``data_dir/<repository folder>`` (e.g. ``WikiTableQuestions/``).
 
     Raises:
-        DatasetUnavailableError: when no data directory is configured or the file is
-            missing; the message says where the files are expected.
-        ValueError: for an unknown name, or a malformed file (see :func:`load_jsonl`).
+        DatasetUnavailableError: no data directory, or neither layout there; the message names both.
+        ValueError: an unknown name, or ``dataset`` contradicting a named dataset.
     """
     _check_dataset_name(dataset)
     if isinstance(name_or_path, os.PathLike) or str(name_or_path).endswith(".jsonl"):
-        return load_jsonl(name_or_path, dataset=dataset)
+        return DatasetSource(Path(name_or_path), split, dataset)
     name = str(name_or_path).lower()
     if name != SAMPLE and name not in dataset_names():
         raise ValueError(
-            f"unknown dataset {name_or_path!r}: use one of {', '.join(dataset_choices())} or a path ending in .jsonl"
+            f"unknown dataset {name_or_path!r}: use one of {', '.join(dataset_choices())}, a path ending in .jsonl, "
+            f"or {HUB_PREFIX}<hub id>"
         )
     own = SAMPLE_DATASET if name == SAMPLE else name
     if dataset is not None and dataset != own:
@@ -237,23 +272,81 @@ def load_dataset(
     if name == SAMPLE:
         if split != "dev":
             raise ValueError(f"the bundled sample has only the 'dev' split, not {split!r}")
-        return _bundled_sample()
+        with importlib.resources.as_file(importlib.resources.files("atp_jax.data").joinpath(_SAMPLE_FILE)) as path:
+            if not path.is_file():
+                raise DatasetUnavailableError(
+                    f"the bundled sample {_SAMPLE_FILE} is missing from the installed package; "
+                    "reinstall atp-jax, or rebuild it with `python -m atp_jax.data.make_sample`"
+                )
+            return DatasetSource(Path(path), split, SAMPLE_DATASET)
 
+    release = dataset_spec(name).release
     root = data_dir if data_dir is not None else os.environ.get(DATA_ENV_VAR)
+    layouts = f"<dir>/{name}/{split}.jsonl in the project JSONL schema"
+    if release is not None:
+        layouts += f", or a checkout of {release.repository} (<dir>/{release.split_files.get(split, '...')})"
     if not root:
         raise DatasetUnavailableError(
-            f"no data directory for {name!r}: pass data_dir=... or set {DATA_ENV_VAR} to a "
-            f"directory laid out as <dir>/{name}/{split}.jsonl (also wtq/, tatqa/, fetaqa/); "
+            f"no data directory for {name!r}: pass data_dir=... (--data_dir) or set {DATA_ENV_VAR} to {layouts}; "
             "load_dataset('sample') works without one"
         )
     path = Path(root) / name / f"{split}.jsonl"
-    if not path.is_file():
-        source = "data_dir" if data_dir is not None else DATA_ENV_VAR
+    if path.is_file():
+        return DatasetSource(path, split, name)
+    checkout = release.checkout(root, split) if release is not None else None
+    if checkout is not None:
+        return DatasetSource(checkout, split, name, release)
+    if release is not None and split not in release.split_files:
         raise DatasetUnavailableError(
-            f"{path} not found ({source}={root}); put the {name} {split} split there as "
-            f"{name}/{split}.jsonl in the project JSONL schema"
+            f"{path} not found, and the {release.repository} release has no split {split!r} "
+            f"(it has {', '.join(release.split_files)})"
         )
-    return load_jsonl(path, dataset=name)
+    source = "data_dir" if data_dir is not None else DATA_ENV_VAR
+    message = f"{path} not found ({source}={root}); put the {name} {split} split there in the project JSONL schema"
+    if release is not None:
+        message += (
+            f", or point {source} at a checkout of {release.repository} (holding {release.split_file(split)}) or "
+            f"at the folder holding it as {release.folder}/"
+        )
+    raise DatasetUnavailableError(message)
+
+
+def load_dataset(
+    name_or_path: str | os.PathLike[str],
+    split: str = "dev",
+    data_dir: str | os.PathLike[str] | None = None,
+    dataset: str | None = None,
+) -> list[Example]:
+    """Load a dataset by name, from a ``.jsonl`` path, or from the Hugging Face Hub.
+
+    Args:
+        name_or_path: ``"sample"`` (bundled WTQ dev subset; only ``split="dev"``),
+            ``"wtq"``, ``"tatqa"``, ``"fetaqa"``, a path to a ``.jsonl`` file (then
+            ``split`` and ``data_dir`` are ignored), or ``"hf:<hub id>"`` (:func:`load_hf_dataset`; the
+            split ``"dev"`` is the hub's ``"validation"``).
+        split: the split to read for a named dataset, e.g. ``"dev"``.
+        data_dir: directory containing ``<name>/<split>.jsonl``, or a checkout of the dataset's official
+            repository (or the folder holding it, e.g. ``WikiTableQuestions/``); defaults to the
+            ``ATP_JAX_DATA`` environment variable.
+        dataset: the dataset of the records, for a file whose records lack the ``dataset`` field (see
+            :func:`load_jsonl`) and for hub records (default ``""``: scored as WTQ). A named dataset is its own
+            (``"sample"`` is WTQ); naming another is refused.
+
+    Raises:
+        DatasetUnavailableError: when no data directory is configured or the files are
+            missing (the message says where they are expected), or the hub cannot be used.
+        ValueError: for an unknown name, or a malformed file (see :func:`load_jsonl`).
+    """
+    name = str(name_or_path)
+    if name.startswith(HUB_PREFIX):
+        _check_dataset_name(dataset)
+        hub_id = name.removeprefix(HUB_PREFIX)
+        if not hub_id:
+            raise ValueError(f"{name!r}: name the hub dataset, e.g. {HUB_PREFIX}owner/name")
+        if data_dir is not None:
+            raise ValueError(f"data_dir={data_dir} is for local files; a {HUB_PREFIX} dataset comes from the hub")
+        return load_hf_dataset(hub_id, HUB_SPLITS.get(split, split), dataset=dataset or "")
+    return locate_dataset(name_or_path, split, data_dir, dataset).load(dataset)
 
 
 # --------------------------------------------------------------------------- Hub
@@ -266,7 +359,7 @@ def _env_true(name: str) -> bool:
     return os.environ.get(name, "").strip().upper() in {"1", "ON", "YES", "TRUE"}
 
 
-def _probe_hub(timeout: float) -> None:
+def _probe_hub(hub_id: str, timeout: float) -> None:
     """Fail within ``timeout`` seconds when the hub endpoint cannot be reached.
 
     Without this, a network that silently drops packets makes the first hub request
@@ -286,7 +379,7 @@ def _probe_hub(timeout: float) -> None:
             pass
     except OSError as error:
         raise DatasetUnavailableError(
-            f"cannot reach the Hugging Face Hub at {endpoint} within {timeout:g}s ({error}); "
+            f"{hub_id!r}: cannot reach the Hugging Face Hub at {endpoint} within {timeout:g}s ({error}); "
             "check the network, or load local files with load_dataset(name, data_dir=...)"
         ) from None
 
@@ -349,7 +442,7 @@ def load_hf_dataset(
     """
     offline = any(_env_true(var) for var in _OFFLINE_VARS)
     if not offline:
-        _probe_hub(connect_timeout)
+        _probe_hub(hub_id, connect_timeout)
     import datasets  # Imported lazily: it is slow to import and only needed here.
 
     try:

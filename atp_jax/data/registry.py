@@ -1,7 +1,8 @@
 """The datasets the toolkit knows: what each one is scored with and how its answers are asked for.
 
 A dataset is one ``DatasetSpec`` and one ``register_dataset`` line. Its records are project-schema JSONL
-files (``<data_dir>/<name>/<split>.jsonl``, read by :func:`atp_jax.data.datasets.load_dataset`); its
+files (``<data_dir>/<name>/<split>.jsonl``, read by :func:`atp_jax.data.datasets.load_dataset`) or, with a
+``release`` (:mod:`atp_jax.data.releases`), the files of its official repository's checkout; its
 ``metrics`` name entries of the metric registry (:mod:`atp_jax.eval.scoring`) that ``--metrics auto``
 records; ``required_meta`` lists the ``meta`` keys those metrics cannot score without; ``normalize`` is
 the answer form that votes and evidence matching compare; ``answer_instruction``, when set, replaces the
@@ -14,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
+from atp_jax.data.releases import Release, fetaqa, tatqa, wtq
 from atp_jax.tables.normalize import normalize_wtq
 
 
@@ -25,6 +27,7 @@ class DatasetSpec:
     required_meta: tuple[str, ...] = ()
     answer_instruction: str | None = None
     citation: str = ""
+    release: Release | None = None
 
 
 _DATASETS: dict[str, DatasetSpec] = {}
@@ -62,6 +65,7 @@ register_dataset(
         "wtq",
         metrics=("denotation",),
         citation="Pasupat & Liang, Compositional Semantic Parsing on Semi-Structured Tables, ACL 2015",
+        release=wtq.RELEASE,
     )
 )
 # TAT-QA's metric gives 0 to a bare number whose gold has a scale (1.5 for "1.5 million"), so the scale is
@@ -76,6 +80,7 @@ register_dataset(
         "as they appear in the table.",
         citation="Zhu et al., TAT-QA: A Question Answering Benchmark on a Hybrid of Tabular and Textual Content "
         "in Finance, ACL 2021",
+        release=tatqa.RELEASE,
     )
 )
 register_dataset(
@@ -83,6 +88,7 @@ register_dataset(
         "fetaqa",
         metrics=("rouge",),
         citation="Nan et al., FeTaQA: Free-form Table Question Answering, TACL 2022",
+        release=fetaqa.RELEASE,
     )
 )
 

@@ -12,7 +12,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from atp_jax.diagnostics.attention import Diagnosis
-from atp_jax.plotting import new_figure
+from atp_jax.plotting import new_figure, save_figure
+from atp_jax.stats import bootstrap_interval, has_interval
 
 MEASURES = ("evidence", "row_boundary", "within_row")
 _LABELS = {
@@ -105,40 +106,58 @@ def summary_markdown(summary: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot_layers(pairs: Sequence[dict], path: str | os.PathLike, title: str = "") -> None:
-    """PNG like the paper's Figure 5: each measure per layer, mean over examples, clean vs permuted."""
-    figure = new_figure(4.2 * len(MEASURES), 3.3)
+def plot_layers(pairs: Sequence[dict], path: str | os.PathLike, title: str = "") -> list[os.PathLike]:
+    """Like the paper's Figure 5, as PDF and PNG (``path`` with each suffix): each measure per layer, the mean
+    over the examples it is defined for (n in each panel's title) with a 95% BCa bootstrap band, clean vs
+    permuted."""
+    figure = new_figure(4.4 * len(MEASURES), 3.6)
     axes = figure.subplots(1, len(MEASURES))
     for ax, measure in zip(axes, MEASURES):
-        for which, style in (("clean", "-"), ("permuted", "--")):
-            values = _per_layer(pairs, measure, which)
-            ax.plot(np.nanmean(values, axis=0), style, marker=".", label=which)
+        clean, permuted = _per_layer(pairs, measure, "clean"), _per_layer(pairs, measure, "permuted")
+        defined = ~np.isnan(clean).any(axis=1) & ~np.isnan(permuted).any(axis=1)
+        for which, values, style in (("clean", clean, "-"), ("permuted", permuted, "--")):
+            values = values[defined]
+            layers = np.arange(values.shape[1])
+            (line,) = ax.plot(layers, values.mean(axis=0), style, marker=".", label=f"{which} order")
+            bands = np.array([bootstrap_interval(values[:, layer], seed=layer) for layer in layers])
+            if all(has_interval(low, high) for low, high in bands):
+                ax.fill_between(layers, bands[:, 0], bands[:, 1], color=line.get_color(), alpha=0.2, linewidth=0)
         ax.set_xlabel("layer")
-        ax.set_title(_LABELS[measure], fontsize="medium")
+        ax.set_ylabel("attention weight (mean, 95% BCa band)")
+        ax.set_title(f"{_LABELS[measure]} (n={int(defined.sum())})", fontsize="medium")
         ax.legend(fontsize="small")
     if title:
         figure.suptitle(title)
-    figure.savefig(path, dpi=150)
+    return save_figure(figure, path)
 
 
-def plot_heatmaps(pair: dict, table_cells: Sequence[Sequence[str]], layer: int, path: str | os.PathLike) -> None:
-    """PNG like the paper's Figure 4: cell attention at ``layer``, clean vs permuted, in the table's own
-    coordinates (so the same cell is in the same place in both panels); evidence cells boxed."""
+def plot_heatmaps(
+    pair: dict, table_cells: Sequence[Sequence[str]], layer: int, path: str | os.PathLike
+) -> list[os.PathLike]:
+    """Like the paper's Figure 4, as PDF and PNG: one example's cell attention at ``layer``, clean vs permuted,
+    in the table's own coordinates (so the same cell is in the same place in both panels); evidence cells
+    boxed in red; one colour scale for both panels."""
     clean = np.asarray(pair["clean"]["cells"][layer])
     permuted = np.asarray(pair["permuted"]["cells"][layer])
     top = max(clean.max(), permuted.max())
     rows, cols = clean.shape
-    figure = new_figure(2 * (1.2 + 0.9 * cols), 0.8 + 0.35 * rows)
+    figure = new_figure(2 * (1.4 + 0.9 * cols), 1.3 + 0.35 * rows)
     axes = figure.subplots(1, 2)
     for ax, values, name in ((axes[0], clean, "original order"), (axes[1], permuted, "adversarial order")):
         image = ax.imshow(values, vmin=0, vmax=top, cmap="viridis", aspect="auto")
         ax.set_xticks(range(cols), [str(h)[:12] for h in table_cells[0]], rotation=30, ha="right", fontsize="x-small")
         ax.set_yticks(range(rows), ["header", *(f"row {i}" for i in range(1, rows))], fontsize="x-small")
+        ax.set_xlabel("column (original position, header text)", fontsize="small")
+        ax.set_ylabel("row (original position)", fontsize="small")
         for i, j in pair["clean"]["evidence_cells"]:
             ax.add_patch(_box(i, j))
-        ax.set_title(f"{name} (layer {layer})", fontsize="small")
-    figure.colorbar(image, ax=axes, shrink=0.8)
-    figure.savefig(path, dpi=150)
+        ax.set_title(f"{name}, layer {layer}", fontsize="small")
+    colorbar = figure.colorbar(image, ax=axes, shrink=0.8)
+    colorbar.set_label(
+        "attention from the answer to the cell\n(mean over heads and answer positions)", fontsize="small"
+    )
+    figure.suptitle(f"example {pair.get('id', '?')} (one example; evidence cells boxed in red)", fontsize="small")
+    return save_figure(figure, path)
 
 
 def _box(i: int, j: int):

@@ -10,8 +10,16 @@ from collections import defaultdict
 from collections.abc import Iterable
 
 from atp_jax.attack.presets import PRESETS, preset
-from atp_jax.plotting import new_figure
-from atp_jax.runs.report import LOSS_METRIC, SCORE_METRICS, available_metrics, metric_value, paired_comparisons
+from atp_jax.plotting import new_figure, save_figure
+from atp_jax.runs.report import (
+    LOSS_METRIC,
+    SCORE_METRICS,
+    available_metrics,
+    interval_text,
+    metric_value,
+    paired_comparisons,
+)
+from atp_jax.stats import bootstrap_interval, has_interval
 
 # A swept parameter -> the config fields it sets (λ sets λ_r and λ_c together).
 SWEPT_FIELDS = {"lambda": ("lambda_row", "lambda_col"), "n_attack": ("n_attack",), "lr": ("lr",)}
@@ -39,8 +47,9 @@ def sweep_value(name: str, parameter: str) -> float | None:
 
 
 def sweep_rows(records: Iterable[dict], parameter: str, metric: str | None = None) -> list[dict]:
-    """Table-5-style rows of one sweep, by value: examples, mean loss, mean clean loss, mean ``metric``
-    (default: the first recorded of ``SCORE_METRICS``; omitted when none was recorded)."""
+    """Table-5-style rows of one sweep, by value: examples, mean loss with its 95% BCa bootstrap interval
+    (``loss_ci_low``/``loss_ci_high``; NaN below three examples), mean clean loss, mean ``metric`` (default: the
+    first recorded of ``SCORE_METRICS``; omitted when none was recorded)."""
     records = [r for r in records if "skipped" not in r]
     points: dict[float, list[dict]] = defaultdict(list)
     for r in records:
@@ -52,10 +61,14 @@ def sweep_rows(records: Iterable[dict], parameter: str, metric: str | None = Non
     rows = []
     for value in sorted(points):
         recs = points[value]
+        losses = [r["answer_loss"] for r in recs]
+        low, high = bootstrap_interval(losses)
         row = {
             parameter: int(value) if value.is_integer() else value,
             "examples": len(recs),
-            "mean_loss": statistics.fmean(r["answer_loss"] for r in recs),
+            "mean_loss": statistics.fmean(losses),
+            "loss_ci_low": low,
+            "loss_ci_high": high,
             "mean_clean_loss": statistics.fmean(r["clean_loss"] for r in recs),
         }
         if metric is not None:
@@ -65,9 +78,10 @@ def sweep_rows(records: Iterable[dict], parameter: str, metric: str | None = Non
     return rows
 
 
-def plot_sweeps(sweeps: dict[str, list[dict]], path: str | os.PathLike) -> None:
-    """Figure-6-style PNG: a panel per swept parameter, mean loss (left axis) and, where recorded, the
-    mean score (right axis) against the parameter's value."""
+def plot_sweeps(sweeps: dict[str, list[dict]], path: str | os.PathLike) -> list[os.PathLike]:
+    """Figure-6-style chart, PDF and PNG (``path`` with each suffix): a panel per swept parameter, mean loss
+    with its BCa interval (left axis) and, where recorded, the mean score (right axis) against the parameter's
+    value; the examples per point in the title."""
     sweeps = {p: rows for p, rows in sweeps.items() if rows}
     if not sweeps:
         raise ValueError("plot_sweeps: no sweep has any recorded point")
@@ -75,25 +89,34 @@ def plot_sweeps(sweeps: dict[str, list[dict]], path: str | os.PathLike) -> None:
     axes = figure.subplots(1, len(sweeps), squeeze=False)[0]
     for ax, (parameter, rows) in zip(axes, sweeps.items()):
         x = [row[parameter] for row in rows]
-        ax.plot(x, [row["mean_loss"] for row in rows], "o-", color="tab:red")
+        means = [row["mean_loss"] for row in rows]
+        err = [
+            [m - row["loss_ci_low"], row["loss_ci_high"] - m]
+            if has_interval(row["loss_ci_low"], row["loss_ci_high"])
+            else [0, 0]
+            for m, row in zip(means, rows)
+        ]
+        ax.errorbar(x, means, yerr=list(zip(*err)), fmt="o-", color="tab:red", capsize=3)
         ax.set_xticks(x)
         ax.ticklabel_format(axis="y", useOffset=False)
         ax.set_xlabel(parameter)
-        ax.set_title(f"{parameter} sweep")
-        ax.set_ylabel("mean answer loss", color="tab:red")
+        counts = sorted({row["examples"] for row in rows})
+        n = f"n={counts[0]}" if len(counts) == 1 else f"n={counts[0]}–{counts[-1]}"
+        ax.set_title(f"{parameter} sweep ({n} examples per point)")
+        ax.set_ylabel("mean answer loss (95% BCa interval)", color="tab:red")
         score_keys = [k for k in rows[0] if k.startswith("mean_") and k not in ("mean_loss", "mean_clean_loss")]
         if score_keys:
             twin = ax.twinx()
             twin.plot(x, [row[score_keys[0]] for row in rows], "s--", color="tab:blue")
             twin.set_ylabel(score_keys[0].removeprefix("mean_"), color="tab:blue")
             twin.ticklabel_format(axis="y", useOffset=False)
-    figure.savefig(path, dpi=150)
+    return save_figure(figure, path)
 
 
 def option_rows(records: Iterable[dict], base: str, metric: str = LOSS_METRIC, seed: int = 0) -> list[dict]:
     """Rows of a one-option-at-a-time ablation (``ablate.py --sweeps options``): for each recorded variant
     ``base@change``, its mean ``metric`` and its paired difference from ``base`` on their common examples
-    (95% bootstrap interval; on how many examples the variant is higher). The base comes first."""
+    (95% BCa bootstrap interval; on how many examples the variant is higher). The base comes first."""
     records = [r for r in records if "skipped" not in r]
     variants = list(dict.fromkeys(r["attack"] for r in records if r["attack"].startswith(f"{base}@")))
     compared = {c["attack"]: c for c in paired_comparisons(records, [(v, base) for v in variants], metric, seed=seed)}
@@ -105,7 +128,7 @@ def option_rows(records: Iterable[dict], base: str, metric: str = LOSS_METRIC, s
         row = {"attack": attack, "examples": len(values), f"mean_{metric}": statistics.fmean(values)}
         if attack in compared:
             c = compared[attack]
-            row[f"minus_{base}"] = f"{c['mean_difference']:+.3f} [{c['ci_low']:+.3f}, {c['ci_high']:+.3f}]"
+            row[f"minus_{base}"] = f"{c['mean_difference']:+.3f} {interval_text(c['ci_low'], c['ci_high'])}"
             row["higher_on"] = c["higher"]
         rows.append(row)
     return rows

@@ -7,12 +7,17 @@ before minutes of loading, and they enter the run manifest's identity.
 from __future__ import annotations
 
 import hashlib
-import importlib.resources
 import json
 import os
 from pathlib import Path
 
-from atp_jax.data.datasets import DATA_ENV_VAR, dataset_choices
+from atp_jax.data.datasets import (
+    HUB_PREFIX,
+    DatasetUnavailableError,
+    example_to_dict,
+    load_dataset,
+    locate_dataset,
+)
 from atp_jax.models import architectures, zoo
 from atp_jax.runs.manifest import sha256_file, sha256_files
 
@@ -45,27 +50,38 @@ def model_fingerprint(spec: str) -> dict:
     )
 
 
-def dataset_file(dataset: str, split: str = "dev", data_dir: str | os.PathLike | None = None) -> Path:
-    """The JSONL file ``load_dataset(dataset, split, data_dir)`` reads."""
-    if str(dataset).endswith(".jsonl"):
-        return Path(dataset)
-    name = str(dataset).lower()
-    if name == "sample":
-        with importlib.resources.as_file(importlib.resources.files("atp_jax.data") / "wtq_sample.jsonl") as path:
-            return Path(path)
-    if name not in dataset_choices():
-        raise ValueError(f"--dataset {dataset}: use one of {', '.join(dataset_choices())} or a path ending in .jsonl")
-    root = data_dir if data_dir is not None else os.environ.get(DATA_ENV_VAR)
-    if not root:
-        raise ValueError(
-            f"--dataset {dataset}: pass --data_dir or set {DATA_ENV_VAR} to a folder holding {name}/{split}.jsonl"
-        )
-    return Path(root) / name / f"{split}.jsonl"
+def examples_sha256(examples) -> str:
+    """One digest over examples as JSONL records (their content, where no file holds them: hub datasets)."""
+    digest = hashlib.sha256()
+    for example in examples:
+        digest.update(json.dumps(example_to_dict(example), sort_keys=True, ensure_ascii=False).encode() + b"\n")
+    return digest.hexdigest()
 
 
 def dataset_fingerprint(dataset: str, split: str = "dev", data_dir: str | os.PathLike | None = None) -> dict:
-    """``{"dataset", "split", "dataset_sha256"}``; the file's location is not part of it, its content is."""
-    path = dataset_file(dataset, split, data_dir)
-    if not path.is_file():
-        raise ValueError(f"--dataset {dataset} (split {split}): {path} does not exist")
-    return {"dataset": str(dataset), "split": split, "dataset_sha256": sha256_file(path)}
+    """``{"dataset", "split", "dataset_sha256"}``; the files' location is not part of it, their content is:
+    a JSONL file's sha256, one digest over every file of an official release the split reads, or for a
+    ``hf:`` dataset the digest of its examples (loaded from the hub's local cache)."""
+    if str(dataset).startswith(HUB_PREFIX):
+        digest = examples_sha256(load_dataset(dataset, split, data_dir))
+        return {"dataset": str(dataset), "split": split, "dataset_sha256": digest}
+    try:
+        source = locate_dataset(dataset, split, data_dir)
+    except DatasetUnavailableError as e:
+        raise ValueError(f"--dataset {dataset} (split {split}): {e}") from None
+    except ValueError as e:
+        raise ValueError(f"--dataset {dataset}: {e}") from None
+    if source.release is None:
+        if not source.path.is_file():
+            raise ValueError(f"--dataset {dataset} (split {split}): {source.path} does not exist")
+        digest = sha256_file(source.path)
+    else:
+        folder, names = source.files()
+        missing = [name for name in names if not (folder / name).is_file()]
+        if missing:
+            raise ValueError(
+                f"--dataset {dataset} (split {split}): {folder / missing[0]} is missing"
+                f"{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}; use a complete checkout"
+            )
+        digest = sha256_files(folder, names)
+    return {"dataset": str(dataset), "split": split, "dataset_sha256": digest}

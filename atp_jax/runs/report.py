@@ -1,6 +1,8 @@
-"""Summaries of result records: per-run attack summaries, compile costs, and the paper-style score tables
-over results folders (bootstrap intervals, paired comparisons, markdown/CSV/bar chart). Reading folders
-is :mod:`atp_jax.runs.folders`; sweeps :mod:`atp_jax.runs.ablation`; the defense :mod:`atp_jax.runs.defense_report`."""
+"""Summaries of result records: per-run attack summaries, compile costs, and the paper's score tables over
+results folders — models as rows, the paper's attack columns under the paper's names, BCa bootstrap intervals
+(:mod:`atp_jax.stats`), paired comparisons — as markdown, CSV, LaTeX (booktabs) and a bar chart (PDF and PNG).
+Reading folders is :mod:`atp_jax.runs.folders`; sweeps :mod:`atp_jax.runs.ablation`; the defense
+:mod:`atp_jax.runs.defense_report`."""
 
 from __future__ import annotations
 
@@ -8,19 +10,47 @@ import csv
 import dataclasses
 import io
 import os
+import re
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable
 
 import numpy as np
 
-from atp_jax.attack.presets import control_pairs
-from atp_jax.plotting import new_figure
+from atp_jax.attack.presets import ATTACK_GROUPS, control_pairs
+from atp_jax.plotting import new_figure, save_figure
 from atp_jax.runs.folders import Run
+from atp_jax.stats import MIN_VALUES, bootstrap_interval, has_interval
 
 REFERENCE_ATTACK = "best_of_k"
 SCORE_METRICS = ("accuracy", "em", "rougeL_recall")  # the default metric: the first one recorded
 LOSS_METRIC = "answer_loss"
+
+# The paper's column names for the presets of its table (Tables 1, 2 and 4), in its order; other attacks keep
+# their ids. A preset with other settings (best_of_k@k=40) is another attack and keeps its id.
+PAPER_COLUMNS = dict(
+    zip(
+        ATTACK_GROUPS["paper_table"],
+        ("Vanilla", "Rand", "Best 20", "Row Rvs", "Col Rvs", "E-Search", "ATP Row", "ATP Col", "ATP Row&Col"),
+        strict=True,
+    )
+)
+
+
+def column_name(attack: str) -> str:
+    """The paper's name of ``attack``'s column, else its id."""
+    return PAPER_COLUMNS.get(attack, attack)
+
+
+def paper_order(attacks: Iterable[str]) -> list[str]:
+    """``attacks`` with the paper's columns first, in its order, then the others as given."""
+    attacks = list(dict.fromkeys(attacks))
+    return [a for a in PAPER_COLUMNS if a in attacks] + [a for a in attacks if a not in PAPER_COLUMNS]
+
+
+def interval_text(low: float, high: float) -> str:
+    """``[low, high]`` signed to 3 decimals, or ``[n/a]`` where the interval is undefined."""
+    return f"[{low:+.3f}, {high:+.3f}]" if has_interval(low, high) else "[n/a]"
 
 
 def _is_score(value) -> bool:
@@ -134,25 +164,12 @@ def choose_metric(records: Iterable[dict], requested: str | None = None, where: 
     return pick_metric(available, requested, where, hint, (*SCORE_METRICS, LOSS_METRIC))
 
 
-def bootstrap_ci(values, level: float = 0.95, resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
-    """Percentile bootstrap interval of the mean: resample the values with replacement ``resamples``
-    times (numpy, seeded: the same values give the same interval) and take the central ``level``."""
-    values = np.asarray(values, dtype=np.float64)
-    if values.size == 0:
-        raise ValueError("bootstrap_ci needs at least one value")
-    if not 0 < level < 1:
-        raise ValueError(f"level={level}: give the coverage as a fraction in (0, 1), e.g. 0.95")
-    rng = np.random.default_rng(seed)
-    means = values[rng.integers(0, values.size, size=(resamples, values.size))].mean(axis=1)
-    low, high = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
-    return float(low), float(high)
-
-
 def paired_comparisons(
     records: Iterable[dict], pairs=None, metric: str = LOSS_METRIC, resamples: int = 2000, seed: int = 0
 ) -> list[dict]:
     """For each ``(attack, other)`` recorded on common examples: the mean per-example difference of
-    ``metric`` (attack − other) with its 95% bootstrap interval, and on how many examples it is higher.
+    ``metric`` (attack − other) with its 95% BCa bootstrap interval (NaN ends below three examples; see
+    :mod:`atp_jax.stats`), and on how many examples it is higher.
     The paired difference is the right test for a control: examples vary far more than attacks do.
 
     ``pairs`` defaults to ``presets.control_pairs`` of the recorded attacks: each gradient method against
@@ -170,7 +187,7 @@ def paired_comparisons(
         if not common:
             continue
         diff = np.array([values[attack][i] - values[other][i] for i in common])
-        low, high = bootstrap_ci(diff, resamples=resamples, seed=seed)
+        low, high = bootstrap_interval(diff, resamples=resamples, seed=seed)
         rows.append(
             {
                 "attack": attack,
@@ -193,7 +210,7 @@ def comparison_markdown(rows: list[dict], metric: str = LOSS_METRIC) -> str:
     ]
     lines += [
         f"| {r['attack']} | {r['against']} | {r['examples']} | {r['mean_difference']:+.3f} "
-        f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}] | {r['higher']} |"
+        f"{interval_text(r['ci_low'], r['ci_high'])} | {r['higher']} |"
         for r in rows
     ]
     return "\n".join(lines)
@@ -201,7 +218,8 @@ def comparison_markdown(rows: list[dict], metric: str = LOSS_METRIC) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Cell:
-    """Mean of a metric over the examples of one (model, attack), with its bootstrap interval."""
+    """Mean of a metric over the examples of one (model, attack), with its BCa bootstrap interval (None: not
+    asked for; NaN: undefined, fewer than three examples)."""
 
     mean: float
     n: int
@@ -211,7 +229,8 @@ class Cell:
 
 @dataclasses.dataclass(frozen=True)
 class ScoreTable:
-    """One dataset's table: rows are models, columns attacks, cells the mean ``metric``."""
+    """One dataset's table: rows are models, columns attacks (ids, the paper's first: ``paper_order``), cells
+    the mean ``metric``."""
 
     dataset: str
     metric: str
@@ -243,28 +262,36 @@ def score_tables(
     resamples: int = 2000,
     seed: int = 0,
     paired: bool = False,
+    attacks: Iterable[str] | None = None,
 ) -> list[ScoreTable]:
     """One table per dataset (in order of first appearance) over ``runs``.
 
     Runs of the same model (and style) on the same dataset fill one row; a pair (id, attack) recorded in
-    several of them counts once, from the first run given. Columns are attacks in order of first
-    appearance. ``metric``: as ``choose_metric``, per dataset. ``ci``: add the bootstrap interval.
+    several of them counts once, from the first run given. Columns are the paper's attacks in its order, then
+    the others in order of first appearance. ``metric``: as ``choose_metric``, per dataset. ``ci``: add the
+    BCa bootstrap interval (:func:`atp_jax.stats.bootstrap_interval`).
     ``paired``: average each row only over the examples measured for every attack of the table, so that
-    a partial run compares its attacks on the same examples.
+    a partial run compares its attacks on the same examples. ``attacks``: only these (a group name such as
+    ``paper_table`` stands for its attacks; None: all recorded).
     """
     runs = list(runs)
+    wanted = None if attacks is None else {a for name in attacks for a in ATTACK_GROUPS.get(name, (name,))}
     rows: dict[str, dict[str, list[dict]]] = defaultdict(dict)  # dataset -> row label -> records
     seen: dict[tuple[str, str], set] = defaultdict(set)
     for run, label in zip(runs, _row_labels(runs)):
         taken = seen[(run.dataset, label)]
-        fresh = [r for r in run.records if (r["id"], r["attack"]) not in taken]
+        fresh = [
+            r for r in run.records if (r["id"], r["attack"]) not in taken and (wanted is None or r["attack"] in wanted)
+        ]
         taken.update((r["id"], r["attack"]) for r in fresh)
         rows[run.dataset].setdefault(label, []).extend(fresh)
     tables = []
     for dataset, by_model in rows.items():
         all_records = [r for recs in by_model.values() for r in recs]
+        if not all_records:  # none of the wanted attacks ran on this dataset
+            continue
         chosen = choose_metric(all_records, metric, where=f"the {dataset!r} results")
-        attacks = list(dict.fromkeys(r["attack"] for r in all_records))
+        attacks = paper_order(r["attack"] for r in all_records)
         cells = {}
         for model, records in by_model.items():
             if paired:
@@ -278,7 +305,7 @@ def score_tables(
                 values = [v for r in records if r["attack"] == attack and (v := metric_value(r, chosen)) is not None]
                 if not values:
                     continue
-                low, high = bootstrap_ci(values, level, resamples, seed) if ci else (None, None)
+                low, high = bootstrap_interval(values, level, resamples, seed) if ci else (None, None)
                 cells[(model, attack)] = Cell(statistics.fmean(values), len(values), low, high)
         tables.append(ScoreTable(dataset, chosen, list(by_model), attacks, cells, level if ci else None))
     return tables
@@ -287,29 +314,43 @@ def score_tables(
 # --------------------------------------------------------------------------- output
 
 
-def _cell_text(cell: Cell | None, show_n: bool) -> str:
+def _cell_text(cell: Cell | None, show_n: bool, plus_minus: str = "±") -> str:
     if cell is None:
         return "–"
     text = f"{cell.mean:.3f}"
     if cell.low is not None:
-        text += f" ± {(cell.high - cell.low) / 2:.3f}"
+        half = f"{(cell.high - cell.low) / 2:.3f}" if has_interval(cell.low, cell.high) else "n/a"
+        text += f" {plus_minus} {half}"
     return text + (f" (n={cell.n})" if show_n else "")
 
 
+def _title(t: ScoreTable, interval: str) -> tuple[str, bool]:
+    """``dataset: mean metric [± half the interval] [(N examples per cell)]`` and whether cells need their n."""
+    counts = {c.n for c in t.cells.values()}
+    title = f"{t.dataset}: mean {t.metric}"
+    if t.ci_level is not None:
+        title += f" {interval} half the {t.ci_level:.0%} BCa bootstrap interval"
+        if min(counts, default=MIN_VALUES) < MIN_VALUES:
+            title += f" (n/a below {MIN_VALUES} examples)"
+    if len(counts) == 1:
+        n = next(iter(counts))
+        title += f" ({n} example{'s' if n != 1 else ''} per cell)"
+    return title, len(counts) > 1
+
+
 def score_markdown(tables: list[ScoreTable]) -> str:
-    """Each table as a markdown section: mean per cell, ``± half the bootstrap interval`` with ``ci``
-    (the CSV has the interval's ends), and ``(n=…)`` in the cells when the example counts differ."""
+    """Each table as a markdown section: models as rows, attacks as the paper's columns (``column_name``), the
+    mean per cell, ``± half the BCa interval`` with ``ci`` (the CSV has the interval's ends), and ``(n=…)`` in
+    the cells when the example counts differ."""
     sections = []
     for t in tables:
-        counts = {c.n for c in t.cells.values()}
-        title = f"### {t.dataset}: mean {t.metric}"
-        if t.ci_level is not None:
-            title += f" ± half the {t.ci_level:.0%} bootstrap interval"
-        if len(counts) == 1:
-            n = counts.pop()
-            title += f" ({n} example{'s' if n != 1 else ''} per cell)"
-        lines = [title, "", "| model | " + " | ".join(t.attacks) + " |", "|---|" + "---|" * len(t.attacks)]
-        show_n = len({c.n for c in t.cells.values()}) > 1
+        title, show_n = _title(t, "±")
+        lines = [
+            f"### {title}",
+            "",
+            "| model | " + " | ".join(map(column_name, t.attacks)) + " |",
+            "|---|" + "---|" * len(t.attacks),
+        ]
         for model in t.models:
             lines.append(
                 f"| {model} | " + " | ".join(_cell_text(t.cells.get((model, a)), show_n) for a in t.attacks) + " |"
@@ -319,12 +360,13 @@ def score_markdown(tables: list[ScoreTable]) -> str:
 
 
 def score_csv(tables: list[ScoreTable]) -> str:
-    """The tables as one CSV: a row per (dataset, model); per attack its mean, ``n`` and, with ``ci``,
-    ``ci_low``/``ci_high``. Columns are the union of the attacks; an unmeasured cell is empty."""
-    attacks = list(dict.fromkeys(a for t in tables for a in t.attacks))
+    """The tables as one CSV: a row per (dataset, model); per attack (the paper's column name) its mean, ``n``
+    and, with ``ci``, ``ci_low``/``ci_high`` (empty where undefined). Columns are the union of the attacks; an
+    unmeasured cell is empty."""
+    attacks = paper_order(a for t in tables for a in t.attacks)
     with_ci = any(t.ci_level is not None for t in tables)
     header = ["dataset", "metric", "model"]
-    for a in attacks:
+    for a in map(column_name, attacks):
         header += [a, f"{a} n"] + ([f"{a} ci_low", f"{a} ci_high"] if with_ci else [])
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
@@ -334,18 +376,72 @@ def score_csv(tables: list[ScoreTable]) -> str:
             row = [t.dataset, t.metric, model]
             for a in attacks:
                 cell = t.cells.get((model, a))
-                values = [] if cell is None else [cell.mean, cell.n] + ([cell.low, cell.high] if with_ci else [])
-                row += [repr(v) if isinstance(v, float) else v for v in values] or [""] * (4 if with_ci else 2)
+                if cell is None:
+                    row += [""] * (4 if with_ci else 2)
+                    continue
+                row += [repr(cell.mean), cell.n]
+                if with_ci:
+                    defined = has_interval(cell.low, cell.high)
+                    row += [repr(cell.low), repr(cell.high)] if defined else ["", ""]
             writer.writerow(row)
     return buffer.getvalue()
 
 
-def plot_scores(tables: list[ScoreTable], path: str | os.PathLike) -> None:
-    """Bar chart PNG: a panel per dataset, attacks along x, a bar per model, interval whiskers with ``ci``."""
+_LATEX_SPECIAL = {
+    "\\": r"\textbackslash{}",
+    "&": r"\&",
+    "%": r"\%",
+    "$": r"\$",
+    "#": r"\#",
+    "_": r"\_",
+    "{": r"\{",
+    "}": r"\}",
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
+}
+
+
+def latex_escape(text: str) -> str:
+    """``text`` with LaTeX's special characters escaped, for a table cell or caption."""
+    return "".join(_LATEX_SPECIAL.get(char, char) for char in str(text))
+
+
+def score_latex(tables: list[ScoreTable]) -> str:
+    r"""Each table as a LaTeX ``table`` with a booktabs ``tabular`` (``\usepackage{booktabs}``): models as rows,
+    the paper's column names, the mean per cell with ``$\pm$`` half the BCa interval with ``ci``, ``(n=…)``
+    when the example counts differ; the caption names the dataset, metric, interval and example count."""
+    sections = []
+    plus_minus = r"$\pm$"
+    for t in tables:
+        title, show_n = _title(t, "±")
+        caption = latex_escape(title).replace("±", plus_minus)
+        slug = re.sub(r"[^A-Za-z0-9]+", "-", f"{t.dataset}-{t.metric}")
+        lines = [
+            r"\begin{table}[t]",
+            r"\centering",
+            rf"\caption{{{caption}}}",
+            rf"\label{{tab:{slug}}}",
+            r"\begin{tabular}{l" + "r" * len(t.attacks) + "}",
+            r"\toprule",
+            " & ".join(["Model", *(latex_escape(column_name(a)) for a in t.attacks)]) + r" \\",
+            r"\midrule",
+        ]
+        for model in t.models:
+            cells = [_cell_text(t.cells.get((model, a)), show_n, plus_minus).replace("–", "--") for a in t.attacks]
+            lines.append(" & ".join([latex_escape(model), *cells]) + r" \\")
+        lines += [r"\bottomrule", r"\end{tabular}", r"\end{table}"]
+        sections.append("\n".join(lines))
+    return "\n\n".join(sections) + "\n"
+
+
+def plot_scores(tables: list[ScoreTable], path: str | os.PathLike) -> list[os.PathLike]:
+    """Bar chart, a panel per dataset: the paper's attack columns along x, a bar per model, the mean metric on
+    y with BCa interval whiskers (with ``ci``), the examples per bar in each panel's title. Written as PDF and PNG
+    (``path`` with each suffix); returns both paths."""
     if not tables:
         raise ValueError("plot_scores: no tables to plot")
     widest = max(len(t.attacks) * max(len(t.models), 1) for t in tables)
-    figure = new_figure(max(4.0, 0.35 * widest + 2) * len(tables), 4.0)
+    figure = new_figure(max(4.5, 0.35 * widest + 2.5) * len(tables), 4.2)
     axes = figure.subplots(1, len(tables), squeeze=False)[0]
     for ax, t in zip(axes, tables):
         x = np.arange(len(t.attacks))
@@ -355,10 +451,24 @@ def plot_scores(tables: list[ScoreTable], path: str | os.PathLike) -> None:
             means = [c.mean if c else np.nan for c in cells]
             err = None
             if t.ci_level is not None:
-                err = np.array([[c.mean - c.low, c.high - c.mean] if c else [np.nan, np.nan] for c in cells]).T
+                err = np.array(
+                    [[c.mean - c.low, c.high - c.mean] if c and has_interval(c.low, c.high) else [0, 0] for c in cells]
+                ).T
             ax.bar(x + (k - (len(t.models) - 1) / 2) * width, means, width, yerr=err, capsize=2, label=model)
-        ax.set_xticks(x, t.attacks, rotation=30, ha="right")
-        ax.set_ylabel(t.metric)
-        ax.set_title(t.dataset)
-        ax.legend(fontsize="small")
-    figure.savefig(path, dpi=150)
+        ax.set_xticks(x, [column_name(a) for a in t.attacks], rotation=30, ha="right")
+        ax.set_xlabel("attack")
+        whiskers = f"\n(whiskers: {t.ci_level:.0%} BCa bootstrap interval)" if t.ci_level else ""
+        ax.set_ylabel(f"mean {t.metric}{whiskers}")
+        counts = sorted({c.n for c in t.cells.values()})
+        n = str(counts[0]) if len(counts) == 1 else f"{counts[0]}–{counts[-1]}"
+        ax.set_title(f"{t.dataset}: {n} examples per bar")
+    # One legend under the panels: it never covers a bar or whisker.
+    handles, labels = axes[0].get_legend_handles_labels()
+    figure.legend(
+        handles,
+        labels,
+        loc="outside lower center",
+        ncol=min(len(labels), 3),
+        fontsize="small",
+    )
+    return save_figure(figure, path)

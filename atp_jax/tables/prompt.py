@@ -41,18 +41,29 @@ class PromptStyle:
     answer_format: ``dataset`` asks for the answer in the form the example's dataset is scored in (TAT-QA: a
         number with its scale word or percent sign); ``plain`` gives every dataset the generic wording (only how
         to separate several answers), which is also what ``dataset`` gives WTQ and FeTaQA.
+    paragraphs: show the example's paragraphs (``Example.paragraphs``: TAT-QA's text beside the table) after
+        the table, under ``Text:``; they never move, so an attack still permutes only the table.
     """
 
     linearization: str = "markdown"
     reasoning: str = "concise"
     system: str | None = None
     answer_format: str = "dataset"
+    paragraphs: bool = False
 
     def __post_init__(self):
         if self.reasoning not in _REASONING_INSTRUCTIONS:
             raise ValueError(f"reasoning must be 'concise' or 'step_by_step', got {self.reasoning!r}")
         if self.answer_format not in ANSWER_FORMATS:
             raise ValueError(f"answer_format must be one of {', '.join(ANSWER_FORMATS)}, got {self.answer_format!r}")
+
+    def as_dict(self) -> dict:
+        """The style as a run manifest records it (part of the run's identity): every field, but ``paragraphs``
+        only when on, so that folders recorded before the field existed keep their identity."""
+        fields = dataclasses.asdict(self)
+        if not self.paragraphs:
+            del fields["paragraphs"]
+        return fields
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,9 +95,13 @@ def instruction(style: PromptStyle, dataset: str = "") -> str:
     return f"{_REASONING_INSTRUCTIONS[style.reasoning]} {answer_format}"
 
 
-def user_message(question: str, style: PromptStyle, table_text: str, dataset: str = "") -> str:
-    """The user turn: the instruction for ``dataset`` (``example.dataset``), the table, the question."""
-    return f"{instruction(style, dataset)}\n\nTable:\n{table_text}\n\nQuestion: {question}"
+def user_message(
+    question: str, style: PromptStyle, table_text: str, dataset: str = "", paragraphs: tuple[str, ...] = ()
+) -> str:
+    """The user turn: the instruction for ``dataset`` (``example.dataset``), the table, with ``style.paragraphs``
+    the paragraphs (one per line), the question."""
+    text = "\n\nText:\n" + "\n".join(paragraphs) if style.paragraphs and paragraphs else ""
+    return f"{instruction(style, dataset)}\n\nTable:\n{table_text}{text}\n\nQuestion: {question}"
 
 
 def render_prompt(
@@ -94,7 +109,8 @@ def render_prompt(
 ) -> Prompt:
     """The chat prompt for ``example`` (over ``table`` when given, e.g. a permuted one)."""
     table = example.table if table is None else table
-    messages = [{"role": "user", "content": user_message(example.question, style, _SENTINEL, example.dataset)}]
+    content = user_message(example.question, style, _SENTINEL, example.dataset, example.paragraphs)
+    messages = [{"role": "user", "content": content}]
     if style.system is not None:
         messages.insert(0, {"role": "system", "content": style.system})
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)

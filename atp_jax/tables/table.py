@@ -14,16 +14,25 @@ Every other type is rejected with a ``TypeError`` that names the cell: ``str([..
 would be a Python list literal, not what the author of the table meant. ``bool`` is
 rejected too, although it is an ``int`` subclass, because ``"True"`` in a cell almost
 always means a bug upstream.
+
+Tables of one's own: :meth:`Table.from_csv` reads a CSV file (first row the header) and
+:meth:`Table.from_pandas` a DataFrame (its columns the header). Both strip cells of
+surrounding whitespace by default, as the datasets store them. A DataFrame's missing values
+(NaN, None, ``pd.NA``, ``NaT``) become empty cells, its booleans ``"True"``/``"False"`` (a
+boolean column is data there, as in the CSV it was read from).
 """
 
 from __future__ import annotations
 
+import csv
 import math
 import numbers
 import operator
+import os
 import types
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 __all__ = ["Table", "Example"]
@@ -163,6 +172,84 @@ class Table:
         rows = tuple(tuple(self.rows[i][j] for j in cp) for i in rp)
         return Table(header, rows)
 
+    @classmethod
+    def from_csv(cls, path: str | os.PathLike, *, strip: bool = True, encoding: str = "utf-8", **fmtparams) -> Table:
+        """The table of a CSV file: the first row is the header, the others the data rows.
+
+        Every field is text as written (an empty field is an empty cell; ``NA`` stays ``"NA"``), stripped of
+        surrounding whitespace unless ``strip=False``. ``fmtparams`` go to :func:`csv.reader` (``delimiter="\t"``,
+        ``escapechar="\\"``, …).
+
+        Raises:
+            FileNotFoundError: no such file.
+            ValueError: an empty file, or a row of another width than the header (named with its line).
+        """
+        path = Path(path)
+        with path.open(encoding=encoding, newline="") as handle:
+            reader = csv.reader(handle, **fmtparams)
+            rows = [([cell.strip() for cell in row] if strip else row, reader.line_num) for row in reader]
+        if not rows:
+            raise ValueError(f"{path} is empty: a CSV table needs a header row")
+        header, _ = rows[0]
+        for row, line in rows[1:]:
+            if len(row) != len(header):
+                raise ValueError(
+                    f"{path}:{line}: {len(row)} fields but the header has {len(header)}; every row of a table must "
+                    "be as wide as its header (pad with empty fields)"
+                )
+        return cls(header, [row for row, _ in rows[1:]])
+
+    @classmethod
+    def from_pandas(cls, frame, *, index: bool = False, strip: bool = True) -> Table:
+        """The table of a pandas DataFrame: its column names are the header, its rows the data rows.
+
+        Cells as the module docstring says (NumPy numbers become their text: note that pandas stores an
+        integer column with a missing value as floats, ``12`` as ``12.0`` — use the nullable ``Int64`` dtype or
+        :meth:`from_csv` to keep the written text). ``index=True`` adds the index as the first column (named by
+        ``frame.index.name``, else empty). pandas is needed only here.
+
+        Raises:
+            ImportError: pandas is not installed.
+            TypeError: not a DataFrame, or a cell of another type (named by row and column).
+            ValueError: no columns, or multi-level column names.
+        """
+        try:
+            import pandas as pd  # optional: only this constructor needs it
+        except ImportError:
+            raise ImportError("Table.from_pandas needs pandas: pip install pandas") from None
+        import numpy as np
+
+        if not isinstance(frame, pd.DataFrame):
+            raise TypeError(f"Table.from_pandas takes a pandas DataFrame, got {type(frame).__name__}")
+        if isinstance(frame.columns, pd.MultiIndex):
+            raise ValueError(
+                "the DataFrame has multi-level column names; join them into one level first, e.g. "
+                "frame.columns = [' '.join(map(str, c)).strip() for c in frame.columns]"
+            )
+
+        def cell(value, where: str):
+            if isinstance(value, str):
+                return value.strip() if strip else value
+            if value is None or (pd.api.types.is_scalar(value) and pd.isna(value)):
+                return ""
+            if isinstance(value, (bool, np.bool_)):
+                return str(bool(value))
+            if isinstance(value, numbers.Real):
+                return value  # the Table writes numbers as text
+            raise TypeError(
+                f"{where} is {type(value).__name__} {value!r}; convert the column to text first "
+                "(e.g. frame[column].astype(str), or .dt.strftime(...) for dates)"
+            )
+
+        names = ([frame.index.name] if index else []) + list(frame.columns)
+        labels = (["the index"] if index else []) + [f"column {name!r}" for name in frame.columns]
+        header = [cell(name, f"the name of {label}") for name, label in zip(names, labels)]
+        rows = [
+            [cell(value, f"row {i}, {label}") for value, label in zip(values, labels)]
+            for i, values in enumerate(frame.itertuples(index=index, name=None))
+        ]
+        return cls(header, rows)
+
     def to_dict(self) -> dict[str, list]:
         """The JSONL schema's table object: ``{"header": [...], "rows": [[...], ...]}``."""
         return {"header": list(self.header), "rows": [list(row) for row in self.rows]}
@@ -182,6 +269,8 @@ class Example:
             It takes part in ``==`` but not in ``hash()`` because mappings are unhashable.
         dataset: the source dataset name (``"wtq"``, ``"tatqa"``, ``"fetaqa"``) or ``""``
             when unknown; it selects the metric in :func:`atp_jax.eval.metrics.score`.
+        paragraphs: text that comes with the table (TAT-QA's paragraphs, in their order); a prompt shows them
+            only under ``PromptStyle(paragraphs=True)``. A list is accepted and stored as a tuple.
     """
 
     question: str
@@ -190,6 +279,7 @@ class Example:
     id: str
     meta: Mapping[str, Any] = field(default_factory=dict, hash=False)
     dataset: str = ""
+    paragraphs: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.question, str):
@@ -209,8 +299,15 @@ class Example:
         for k, answer in enumerate(answers):
             if not isinstance(answer, str):
                 raise TypeError(f"answers[{k}] is {type(answer).__name__} {answer!r}; answers must be str")
+        if isinstance(self.paragraphs, (str, bytes)) or not isinstance(self.paragraphs, Sequence):
+            raise TypeError(f"paragraphs must be a list of strings, got {type(self.paragraphs).__name__}")
+        paragraphs = tuple(self.paragraphs)
+        for k, paragraph in enumerate(paragraphs):
+            if not isinstance(paragraph, str):
+                raise TypeError(f"paragraphs[{k}] is {type(paragraph).__name__} {paragraph!r}; paragraphs must be str")
         if not isinstance(self.meta, Mapping):
             raise TypeError(f"meta must be a mapping, got {type(self.meta).__name__}")
         object.__setattr__(self, "answers", answers)
+        object.__setattr__(self, "paragraphs", paragraphs)
         # A read-only view of a private copy: the caller's dict cannot change the example.
         object.__setattr__(self, "meta", types.MappingProxyType(dict(self.meta)))
