@@ -37,6 +37,7 @@ SWEEPS = ("lambda", "n_attack", "lr", "options")
 
 selection.define_flags(num_examples=12)
 selection.define_run_flags(model="smollm2-135m-instruct", output_dir="results/ablation")
+selection.define_bucket_flags()
 flags.DEFINE_enum("style", "markdown", list(STYLES), "Table linearization.")
 flags.DEFINE_string("attack", "paper", "The preset swept (an ATP preset; N_attack also takes a search preset).")
 flags.DEFINE_list(
@@ -160,6 +161,7 @@ def main(argv):
         generate=FLAGS.generate,
         max_new_tokens=FLAGS.max_new_tokens,
         memory_budget_bytes=selection.memory_budget(),
+        buckets=selection.bucket_grid(),
     )
 
     # Every shard in the folders: the table covers whatever all processes have recorded so far.
