@@ -51,17 +51,12 @@ def problem(tiny):
 
 def test_hard_d_step_loss_equals_answer_loss_on_rerendered_table(tiny, problem):
     row_perm, col_perm = np.array([2, 0, 3, 1]), np.array([1, 2, 0])
-    body = soft_body(
-        problem.tensors,
-        pin_header(perm_to_matrix(jnp.asarray(row_perm))),
-        perm_to_matrix(jnp.asarray(col_perm)),
-        jnp.asarray(row_perm),
-        jnp.asarray(col_perm),
-    )
+    rows, cols = map(jnp.asarray, problem.padded_orders(row_perm, col_perm))  # the problem's shape bucket
+    body = soft_body(problem.tensors, pin_header(perm_to_matrix(rows)), perm_to_matrix(cols), rows, cols)
     step_loss = float(objective_value(problem.tensors, answer_logits(tiny.model, problem.tensors, body[None]), "ce")[0])
     true = answer_loss(tiny, EXAMPLE, EXAMPLE.table.permute(row_perm, col_perm))
     assert abs(step_loss - true) < 1e-3
-    batched = hard_losses(tiny.model, problem.tensors, jnp.asarray(row_perm)[None], jnp.asarray(col_perm)[None])
+    batched = hard_losses(tiny.model, problem.tensors, rows[None], cols[None])
     assert abs(float(batched[0]) - true) < 1e-3
 
 

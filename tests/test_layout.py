@@ -78,9 +78,9 @@ def test_layout_shapes_are_permutation_invariant_and_place_jits_and_vmaps(tokeni
     rows = jnp.asarray(np.stack([r for r, _ in perms]))
     cols = jnp.asarray(np.stack([c for _, c in perms]))
     arrays = layout.arrays()
-    batched = jax.jit(jax.vmap(lambda r, c: place(arrays, r, c, **layout.static_sizes)))(rows, cols)
+    batched = jax.jit(jax.vmap(lambda r, c: place(arrays, r, c, **layout.static_sizes())))(rows, cols)
     for k, (r, c) in enumerate(perms):
-        np.testing.assert_array_equal(batched[k], place(layout.arrays(np), r, c, **layout.static_sizes))
+        np.testing.assert_array_equal(batched[k], place(layout.arrays(np), r, c, **layout.static_sizes()))
     # Answer tokens sit at the end of the body and are predicted from the position before each.
     ids = layout.ids()
     A = layout.answer_length

@@ -3,7 +3,14 @@
 Per step and restart: D_r = pin_header(S(θ_r)), D_c = S(θ_c); hard orders P = Hungarian(D); the body is
 the cells mixed by D laid out by P (soft embeddings, hard positions/mask); maximise
 loss − λ_r H(D_r) − λ_c H(D_c) with Adam. All ``n_attack`` steps of all R restarts are one jitted
-computation: ``lax.scan`` over steps inside ``vmap`` over restarts (one compile per table).
+computation: ``lax.scan`` over steps inside ``vmap`` over restarts (one compile per shape bucket).
+
+θ has the bucket's padded size; the real sizes are values. Sinkhorn holds the pads at the identity and the
+Hungarian solves the real block only (``sinkhorn.hold_padding``, ``hungarian.project(size=…)``), so the
+pads get no gradient and never move. Random draws do not depend on the padding: noise is drawn flat over
+the padded size and read at ``i · n + j``, a start order is the argsort of random bits with the pads pushed
+last (JAX's partitionable threefry gives element k the same value whatever the draw's total size), so a
+padded run follows the unpadded run with the same seed.
 """
 
 from __future__ import annotations
@@ -94,41 +101,61 @@ def _settings(cfg: ATPConfig) -> dict:
     }
 
 
-def _init_theta(key, k: int, s: dict):
+def _padded_normal(key, k: int, size):
+    """N(0, 1) draws ``[k, k]`` whose real block ``[:size, :size]`` does not depend on ``k`` (0 at the pads):
+    element (i, j) is element ``i · size + j`` of one flat draw."""
+    flat = jax.random.normal(key, (k * k,))
+    i, j = jnp.arange(k)[:, None], jnp.arange(k)[None, :]
+    real = (i < size) & (j < size)
+    return jnp.where(real, flat[jnp.where(real, i * size + j, 0)], 0.0)
+
+
+def _padded_permutation(key, k: int, size):
+    """A uniformly random order of the first ``size`` of ``k`` entries, the pads fixed at the end: the argsort
+    of random bits (the real ones do not depend on ``k``) with the pads' bits set to the maximum."""
+    bits = jax.random.bits(key, (k,), jnp.uint32)
+    keys = jnp.where(jnp.arange(k) < size, bits, jnp.asarray(jnp.iinfo(jnp.uint32).max, jnp.uint32))
+    return jnp.argsort(keys, stable=True).astype(jnp.int32)
+
+
+def _init_theta(key, k: int, size, s: dict):
     noise_key, perm_key = jax.random.split(key)
-    noise = s["init_noise"] * jax.random.normal(noise_key, (k, k))
-    start = jnp.where(s["init"] == _INITS["identity"], jnp.arange(k), jax.random.permutation(perm_key, k))
+    noise = s["init_noise"] * _padded_normal(noise_key, k, size)
+    start = jnp.where(s["init"] == _INITS["identity"], jnp.arange(k), _padded_permutation(perm_key, k, size))
     near_order = s["init_scale"] * perm_to_matrix(start) + noise
     return jnp.where(s["init"] == _INITS["uniform"], noise, near_order)
 
 
-def _steer(grads, direction, key):
-    """The gradient itself (0), or a control: reversed (1), or a random direction of the same norm per matrix (2)."""
+def _steer(grads, direction, key, sizes):
+    """The gradient itself (0), or a control: reversed (1), or a random direction of the same norm per matrix (2),
+    drawn over each matrix's real block (``sizes``, the same tree as ``grads``)."""
     leaves, treedef = jax.tree.flatten(grads)
     keys = jax.random.split(key, len(leaves))
     steered = []
-    for k, g in zip(keys, leaves):
-        z = jax.random.normal(k, g.shape)
+    for k, g, size in zip(keys, leaves, jax.tree.leaves(sizes)):
+        z = _padded_normal(k, g.shape[-1], size)
         random = z * jnp.linalg.norm(g) / (jnp.linalg.norm(z) + 1e-12)
         steered.append(jnp.select([direction == 1, direction == 2], [-g, random], g))
     return jax.tree.unflatten(treedef, steered)
 
 
-def _relax(theta, enabled, s: dict, sinkhorn_iters: int, hungarian: str):
-    """(soft D, hard perm) of one dimension, or the identity when the mode leaves it alone (``enabled`` 0)."""
+def _relax(theta, enabled, size, s: dict, sinkhorn_iters: int, hungarian: str):
+    """(soft D, hard perm) of one dimension, or the identity when the mode leaves it alone (``enabled`` 0).
+    Rows/columns from ``size`` on are padding: identity in D, fixed in perm."""
     k = theta.shape[-1]
-    D = sinkhorn(theta / s["temperature"], SinkhornConfig(sinkhorn_iters))
-    perm = project(D, hungarian)
+    D = sinkhorn(theta / s["temperature"], SinkhornConfig(sinkhorn_iters), size)
+    perm = project(D, hungarian, size)
     return jnp.where(enabled > 0, D, jnp.eye(k)), jnp.where(enabled > 0, perm, jnp.arange(k))
 
 
 def run_atp(model: Transformer, t: ProblemTensors, keys, cfg: ATPConfig):
     """All restarts of one ATP run. ``keys`` ``[R, 2]``.
 
-    Returns (trace, final_row_perms ``[R, n]``, final_col_perms ``[R, m]``); trace fields are
-    ``[R, n_attack, ...]``: objective, loss (CE/KL of the forward actually run), entropies, and the hard
-    orders used at each step. One compile per table, step count, Sinkhorn sweeps, objective and
-    Hungarian backend; every other setting is a value (see ``_settings``).
+    Returns (trace, final_row_perms ``[R, N1-1]``, final_col_perms ``[R, M]``), orders padded to the bucket
+    (the pads fixed: the real orders are the first n / m entries); trace fields are ``[R, n_attack, ...]``:
+    objective, loss (CE/KL of the forward actually run), entropies, and the hard orders used at each step.
+    One compile per shape bucket, step count, Sinkhorn sweeps, objective and Hungarian backend; every other
+    setting is a value (see ``_settings``).
     """
     return _run_atp(
         model,
@@ -154,13 +181,14 @@ def _run_atp(
     objective: str,
     hungarian: str,
 ):
-    n, m = t.cell_embeds.shape[0] - 1, t.cell_embeds.shape[1]
+    n, m = t.cell_embeds.shape[0] - 1, t.cell_embeds.shape[1]  # padded sizes; the real ones are t.n_rows, t.n_cols
+    sizes = {"row": t.n_rows, "col": t.n_cols}
     optimizer = optax.adam(s["lr"])
     relax = functools.partial(_relax, s=s, sinkhorn_iters=sinkhorn_iters, hungarian=hungarian)
 
     def objective_fn(params, step):
-        D_r, row_perm = relax(params["row"], s["rows_on"])
-        D_c, col_perm = relax(params["col"], s["cols_on"])
+        D_r, row_perm = relax(params["row"], s["rows_on"], t.n_rows)
+        D_c, col_perm = relax(params["col"], s["cols_on"], t.n_cols)
         # Straight-through: the forward uses the hard orders, the gradient flows through the soft D.
         used_r = D_r + s["straight_through"] * jax.lax.stop_gradient(perm_to_matrix(row_perm) - D_r)
         used_c = D_c + s["straight_through"] * jax.lax.stop_gradient(perm_to_matrix(col_perm) - D_c)
@@ -174,19 +202,19 @@ def _run_atp(
 
     def one_restart(key):
         row_key, col_key = jax.random.split(key)
-        params = {"row": _init_theta(row_key, n, s), "col": _init_theta(col_key, m, s)}
+        params = {"row": _init_theta(row_key, n, t.n_rows, s), "col": _init_theta(col_key, m, t.n_cols, s)}
 
         def step(carry, i):
             params, opt_state = carry
             (value, aux), grads = jax.value_and_grad(objective_fn, has_aux=True)(params, i)
-            grads = _steer(grads, s["direction"], jax.random.fold_in(key, i))
+            grads = _steer(grads, s["direction"], jax.random.fold_in(key, i), sizes)
             ascent = jax.tree.map(jnp.negative, grads)  # optax minimises; we maximise the objective
             updates, opt_state = optimizer.update(ascent, opt_state, params)
             return (optax.apply_updates(params, updates), opt_state), {**aux, "objective": value}
 
         (params, _), trace = jax.lax.scan(step, (params, optimizer.init(params)), jnp.arange(n_attack))
-        _, final_r = relax(params["row"], s["rows_on"])
-        _, final_c = relax(params["col"], s["cols_on"])
+        _, final_r = relax(params["row"], s["rows_on"], t.n_rows)
+        _, final_c = relax(params["col"], s["cols_on"], t.n_cols)
         return trace, final_r, final_c
 
     return jax.vmap(one_restart)(keys)
@@ -200,11 +228,14 @@ def atp_attack(evaluator: Evaluator, cfg: ATPConfig, rng: np.random.Generator | 
     keys = jax.random.split(jax.random.key(cfg.seed), cfg.restarts)
     trace, final_r, final_c = run_atp(evaluator.loaded.model, evaluator.problem.tensors, keys, cfg)
     trace = jax.tree.map(np.asarray, trace)
+    n, m = evaluator.problem.n_rows, evaluator.problem.n_cols  # the real orders: the pads come after them
+    trace["row_perm"], trace["col_perm"] = trace["row_perm"][..., :n], trace["col_perm"][..., :m]
+    final_r, final_c = np.asarray(final_r)[:, :n], np.asarray(final_c)[:, :m]
     R, steps = cfg.restarts, cfg.n_attack
     evaluator.queries += R * steps
     evaluator.backward_calls += R * steps
 
-    finals = [(tuple(map(int, r)), tuple(map(int, c))) for r, c in zip(np.asarray(final_r), np.asarray(final_c))]
+    finals = [(tuple(map(int, r)), tuple(map(int, c))) for r, c in zip(final_r, final_c)]
     visited = [
         (tuple(map(int, r)), tuple(map(int, c)))
         for r, c in zip(trace["row_perm"].reshape(R * steps, -1), trace["col_perm"].reshape(R * steps, -1))

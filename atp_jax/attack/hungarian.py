@@ -13,6 +13,11 @@ Two solvers give the same optimum (they may differ only on exact ties):
 - "device": `optax.assignment.hungarian_algorithm`, a pure-JAX Hungarian (while-loops, float32); no
   host round trip, vmappable, so it can live inside a jitted step on an accelerator.
 
+Padding (shape buckets): with ``size`` given, only the leading ``[size, size]`` block is real. The host
+solves that block alone (the size travels with D into the callback, per batch element); the device
+solves the whole matrix — for a Sinkhorn output the pad block is the identity, which the optimum keeps —
+and pins the pads in place either way. Pads always map to themselves.
+
 The projection has no gradient: D passes through `stop_gradient` and the result is an integer index.
 For straight-through use `D + stop_gradient(perm_to_matrix(perm) - D)`.
 """
@@ -53,23 +58,27 @@ def _sanitize(D: jax.Array) -> jax.Array:
     return jnp.clip(D, -_BIG, _BIG)
 
 
-def _host_assign(D: np.ndarray) -> np.ndarray:
-    """Host side of the "host" method: solves every [k, k] problem of a [..., k, k] batch in a loop.
+def _host_assign(D: np.ndarray, size: np.ndarray) -> np.ndarray:
+    """Host side of the "host" method: solves the real ``[s, s]`` block of every [k, k] problem of a
+    [..., k, k] batch in a loop (``size`` broadcasts against the batch axes); pads map to themselves.
 
     Runs once per `pure_callback` invocation; under `vmap(..., vmap_method="expand_dims")` the leading
-    axes are the vmapped batch axes (nested vmaps add one each), so any number of them is accepted.
+    axes are the vmapped batch axes (nested vmaps add one each; an unbatched ``size`` gets size-1 axes),
+    so any number of them is accepted.
     """
     D = np.asarray(D, dtype=np.float64)  # SciPy works in float64; do the upcast once for the batch
     k = D.shape[-1]
     flat = D.reshape((-1, k, k))
-    out = np.empty(flat.shape[:-1], dtype=np.int32)
+    sizes = np.broadcast_to(np.asarray(size), D.shape[:-2]).reshape(-1)
+    out = np.tile(np.arange(k, dtype=np.int32), (flat.shape[0], 1))
     for b in range(flat.shape[0]):
-        rows, cols = scipy.optimize.linear_sum_assignment(flat[b], maximize=True)
+        s = int(sizes[b])
+        rows, cols = scipy.optimize.linear_sum_assignment(flat[b, :s, :s], maximize=True)
         out[b, rows] = cols
     return out.reshape(D.shape[:-1])
 
 
-def _project_host(D: jax.Array) -> jax.Array:
+def _project_host(D: jax.Array, size) -> jax.Array:
     out_type = jax.ShapeDtypeStruct(D.shape[:-1], jnp.int32)
     # "expand_dims": under vmap the callback receives the batched operand with the batch axis in front
     # and must return a batched result - exactly what `_host_assign` does for any leading dims - so R
@@ -77,7 +86,7 @@ def _project_host(D: jax.Array) -> jax.Array:
     # and is always batched when vmap reaches the callback; "sequential" would make R callbacks;
     # "legacy_vectorized" also passes the batch in one call but keeps the old `vectorized=True` rule of
     # not adding axes to unbatched operands - a compatibility mode, not something to build on.)
-    return jax.pure_callback(_host_assign, out_type, D, vmap_method="expand_dims")
+    return jax.pure_callback(_host_assign, out_type, D, size, vmap_method="expand_dims")
 
 
 def _solve_one_device(D: jax.Array) -> jax.Array:
@@ -94,7 +103,7 @@ def _project_device(D: jax.Array) -> jax.Array:
     return jax.vmap(_solve_one_device)(flat).reshape(D.shape[:-1])
 
 
-def project(D: jax.Array, method: str = "host") -> jax.Array:
+def project(D: jax.Array, method: str = "host", size=None) -> jax.Array:
     """Hard permutation maximising <P, D> = sum_a D[a, perm[a]].
 
     Works under `jit` and `vmap` (and with any number of leading batch dims directly). `method` is a
@@ -104,6 +113,8 @@ def project(D: jax.Array, method: str = "host") -> jax.Array:
       D: [..., k, k] scores, typically a Sinkhorn output; any float dtype (solved in float32 on device,
         float64 on host). Non-finite entries are clamped (see `_BIG`).
       method: "host" (SciPy via one batched pure_callback) or "device" (optax Hungarian in JAX).
+      size: optional int (may be traced, or batched like D's leading axes): only ``D[..., :size, :size]``
+        is real; the pads map to themselves. None: all k.
 
     Returns:
       perm: [..., k] int32, perm[..., a] = column chosen for row a. No gradient.
@@ -117,6 +128,24 @@ def project(D: jax.Array, method: str = "host") -> jax.Array:
     D = _sanitize(jax.lax.stop_gradient(D))
     if D.shape[-1] == 0:
         return jnp.zeros(D.shape[:-1], jnp.int32)
+    k = D.shape[-1]
     if method == "host":
-        return _project_host(D)
-    return _project_device(D)
+        return _project_host(D, jnp.asarray(k if size is None else size, jnp.int32))
+    if size is None:
+        return _project_device(D)
+    return _project_device(_fix_padding(D, jnp.asarray(size, jnp.int32)))
+
+
+def _fix_padding(D: jax.Array, size: jax.Array) -> jax.Array:
+    """D [..., k, k] with the pad rows/columns (``>= size``; size broadcasts against the batch axes) scored so
+    that the optimum maps each pad to itself and solves the real block alone: a pad's diagonal gets the real
+    block's maximum, every other pad entry a score so low that any assignment using one loses more than the
+    real block could ever gain."""
+    k = D.shape[-1]
+    index = jnp.arange(k)
+    real_index = index < size[..., None]  # [..., k]
+    real = real_index[..., :, None] & real_index[..., None, :]
+    hi = jnp.max(jnp.where(real, D, -jnp.inf), axis=(-2, -1), keepdims=True)
+    lo = jnp.min(jnp.where(real, D, jnp.inf), axis=(-2, -1), keepdims=True)
+    never = lo - (hi - lo + 1.0) * k
+    return jnp.where(real, D, jnp.where(index[:, None] == index[None, :], hi, never))

@@ -10,6 +10,14 @@ Conventions (shared with ``layout.place`` and ``hungarian.project``): a soft row
 a column matrix ``D_c`` is ``[m, m]`` slot-major too (``D_c[b, j]``). The paper's right-multiplied
 column matrix is its transpose. Hard permutations are index vectors ``row_perm [n]`` (data rows)
 and ``col_perm [m]``.
+
+Shape buckets (``buckets``, an ``atp_jax.tables.buckets.BucketGrid``): every array is padded to its
+bucket's sizes and the real sizes (rows, columns, prefix length) travel as array *values*, so one compiled
+program serves every example of a bucket. Padding is invisible: pad rows and columns are empty cells that
+every order keeps in place (``row_perm[a] = a`` for a ≥ n; ``Layout.pad_perms``), pad body positions sit
+after the answer (causal attention: nothing real sees them), pad prefix slots sit between the real prefix
+and the body in the KV cache and are masked out of attention (position ids stay ``P + t``), and pad answer
+tokens are left out of the loss. ``buckets=None`` keeps every size exact.
 """
 
 from __future__ import annotations
@@ -25,7 +33,8 @@ from flax import struct
 from atp_jax.inference.qa import answers as generate_answers
 from atp_jax.models.loading import LoadedModel
 from atp_jax.models.modeling import KVCache, Transformer
-from atp_jax.tables.layout import Layout, build_layout, full_row_perm, place
+from atp_jax.tables.buckets import DEFAULT_BUCKETS, BucketGrid, Sizes
+from atp_jax.tables.layout import Layout, build_layout, full_row_perm, pad_perms, place
 from atp_jax.tables.prompt import PromptStyle
 from atp_jax.tables.table import Example
 
@@ -38,29 +47,38 @@ class AttackInputError(ValueError):
 
 @struct.dataclass
 class ProblemTensors:
-    """The device arrays of one example (a pytree: pass it through ``jit``; sizes are static)."""
+    """The device arrays of one example, padded to its bucket (a pytree: pass it through ``jit``).
 
-    layout: ProblemTensors  # Layout.arrays(): integer arrays for ``place``
-    cell_embeds: jax.Array  # [n+1, m, L, D], zeros at padding
+    Shapes use the bucket's sizes: ``N1`` slot rows (header included), ``M`` columns, ``L`` tokens per cell,
+    ``Tt`` template tokens, ``P`` prefix slots, ``A`` answer slots; the real sizes are values.
+    """
+
+    layout: dict  # Layout.arrays(sizes=...): integer arrays for ``place``
+    cell_embeds: jax.Array  # [N1, M, L, D], zeros at padding
     template_embeds: jax.Array  # [Tt, D]
-    prefix_k: jax.Array  # [Lyr, 1, P + S_body, H_kv, Dh], prefix slots filled
+    prefix_k: jax.Array  # [Lyr, 1, P, H_kv, Dh] keys of the prefix (slots past prefix_length: padding)
     prefix_v: jax.Array
     targets: jax.Array  # [A] answer ids
     answer_positions: jax.Array  # [A] body indices whose logits predict the targets
+    answer_mask: jax.Array  # [A] float32, 1 at the real answer tokens
+    n_rows: jax.Array  # int32 real data rows n (pad rows are n .. N1-2)
+    n_cols: jax.Array  # int32 real columns m
+    prefix_length: jax.Array  # int32 real prefix tokens
     clean_logprobs: jax.Array | None  # [A, V] for the KL objective
-    prefix_length: int = struct.field(pytree_node=False)
-    body_length: int = struct.field(pytree_node=False)
+    body_length: int = struct.field(pytree_node=False)  # the body's padded length S (static)
 
 
 @dataclasses.dataclass(frozen=True)
 class AttackProblem:
-    """One example ready for attack: its layout (host) and its tensors (device)."""
+    """One example ready for attack: its layout (host), its tensors (device) and the bucket they fill."""
 
     example: Example
     layout: Layout
     style: PromptStyle
     objective: str
     tensors: ProblemTensors
+    buckets: BucketGrid | None = None
+    sizes: Sizes | None = None  # the padded sizes (the layout's own without buckets)
 
     @property
     def n_rows(self) -> int:
@@ -70,13 +88,31 @@ class AttackProblem:
     def n_cols(self) -> int:
         return self.layout.n_cols
 
+    @property
+    def candidate_batches(self) -> tuple[int, ...]:
+        """The batch sizes candidate orders are padded to: the grid's one size, or without buckets powers of
+        two up to 8 (less padding, more programs)."""
+        if self.buckets is not None:
+            return (self.buckets.candidate_batch,)
+        return _EXACT_CANDIDATE_BATCHES
+
+    def padded_orders(self, row_perms, col_perms) -> tuple[np.ndarray, np.ndarray]:
+        """Real orders ``[..., n]``, ``[..., m]`` as the tensors take them: ``[..., N1-1]``, ``[..., M]``, the pads
+        fixed in place."""
+        sizes = self.sizes or self.layout.sizes
+        return pad_perms(row_perms, sizes.rows - 1), pad_perms(col_perms, sizes.cols)
+
     def attention_bytes(self, config, batch: int, through_layers: bool) -> int:
         """Bytes of float32 attention weights ``[batch, heads, S_body, P + S_body]`` — per layer, or for every
         layer at once when a backward keeps them (``through_layers``): the part of an attack's memory that
         grows with the square of the prompt."""
-        S, T = self.layout.body_length, self.layout.prefix_length + self.layout.body_length
+        sizes = self.sizes or self.layout.sizes
+        S, T = sizes.body, sizes.prefix + sizes.body
         layers = config.num_layers if through_layers else 1
         return 4 * layers * batch * config.num_heads * S * T
+
+
+_EXACT_CANDIDATE_BATCHES = (1, 2, 4, 8)  # without buckets: candidate batches padded up to one of these
 
 
 def make_problem(
@@ -85,8 +121,13 @@ def make_problem(
     style: PromptStyle = PromptStyle(),
     objective: str = "ce",
     max_seq_length: int | None = None,
+    buckets: BucketGrid | None = DEFAULT_BUCKETS,
 ) -> AttackProblem:
-    """Prepares ``example`` for attack; raises ``AttackInputError`` for examples that cannot be attacked."""
+    """Prepares ``example`` for attack; raises ``AttackInputError`` for examples that cannot be attacked.
+
+    ``buckets`` pads every array to its shape bucket (one compile per bucket, not per example); ``None``
+    keeps the example's exact sizes. Either gives the same orders and losses.
+    """
     if objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
     table = example.table
@@ -113,34 +154,41 @@ def make_problem(
             f"example {example.id!r}: the prompt has {layout.seq_length} tokens, over the limit of {limit}; "
             "filter long tables out (max rows/columns/prompt tokens)"
         )
+    sizes = layout.sizes if buckets is None else buckets.fit(layout.sizes)
+    tokens = layout.token_arrays(sizes)
     model = loaded.model
-    lengths = layout.cell_lengths[..., None] > np.arange(layout.max_cell_tokens)
-    cell_embeds = model.embed(jnp.asarray(layout.cell_ids)) * jnp.asarray(lengths[..., None], model.dtype)
-    prefix_k, prefix_v = _prefix_cache(model, jnp.asarray(layout.prefix_ids), layout.seq_length)
+    cell_embeds, template_embeds, prefix_k, prefix_v = _embed_problem(
+        model, tokens["prefix_ids"], tokens["cell_ids"], tokens["cell_mask"], tokens["template_ids"]
+    )
     tensors = ProblemTensors(
-        layout=layout.arrays(),
+        layout=layout.arrays(sizes=sizes),
         cell_embeds=cell_embeds,
-        template_embeds=model.embed(jnp.asarray(layout.template_ids)),
+        template_embeds=template_embeds,
         prefix_k=prefix_k,
         prefix_v=prefix_v,
-        targets=jnp.asarray(layout.answer_ids),
-        answer_positions=jnp.asarray(layout.answer_logit_positions()),
+        targets=jnp.asarray(tokens["answer_ids"], jnp.int32),
+        answer_positions=jnp.asarray(tokens["answer_positions"], jnp.int32),
+        answer_mask=jnp.asarray(tokens["answer_mask"], jnp.float32),
+        n_rows=jnp.int32(layout.n_rows),
+        n_cols=jnp.int32(layout.n_cols),
+        prefix_length=jnp.int32(layout.prefix_length),
         clean_logprobs=None,
-        prefix_length=layout.prefix_length,
-        body_length=layout.body_length,
+        body_length=sizes.body,
     )
     if objective == "kl":
-        body = hard_body(tensors, jnp.arange(layout.n_rows), jnp.arange(layout.n_cols))
-        clean = jax.nn.log_softmax(answer_logits(model, tensors, body[None])[0], axis=-1)
-        tensors = tensors.replace(clean_logprobs=clean)
-    return AttackProblem(example, layout, style, objective, tensors)
+        tensors = tensors.replace(clean_logprobs=_clean_logprobs(model, tensors))
+    return AttackProblem(example, layout, style, objective, tensors, buckets, sizes)
 
 
-@functools.partial(jax.jit, static_argnames=("total_length",))
-def _prefix_cache(model: Transformer, prefix_ids, total_length: int):
+@jax.jit
+def _embed_problem(model: Transformer, prefix_ids, cell_ids, cell_mask, template_ids):
+    """Cell embeddings ``[N1, M, L, D]`` (zeros at padding), template embeddings ``[Tt, D]`` and the prefix's
+    keys/values ``[Lyr, 1, P, H_kv, Dh]``: one program per bucket."""
+    cell_embeds = model.embed(cell_ids) * cell_mask[..., None].astype(model.dtype)
     P = prefix_ids.shape[0]
-    cache = KVCache.zeros(model.config, 1, total_length, model.dtype)
-    causal = jnp.arange(total_length)[None, :] <= jnp.arange(P)[:, None]  # [P, T]
+    cache = KVCache.zeros(model.config, 1, P, model.dtype)
+    # Causal: real prefix tokens never attend to the pad tokens after them.
+    causal = jnp.arange(P)[None, :] <= jnp.arange(P)[:, None]
     out = model(
         model.embed(prefix_ids[None]),
         jnp.arange(P)[None],
@@ -148,12 +196,21 @@ def _prefix_cache(model: Transformer, prefix_ids, total_length: int):
         cache=cache,
         logits_positions=jnp.zeros((1, 1), jnp.int32),
     )
-    return out.cache.k, out.cache.v
+    return cell_embeds, model.embed(template_ids), out.cache.k, out.cache.v
+
+
+@jax.jit
+def _clean_logprobs(model: Transformer, t: ProblemTensors):
+    """Log-probabilities ``[A, V]`` at the answer positions under the original order (the KL's reference)."""
+    n, m = t.cell_embeds.shape[0] - 1, t.cell_embeds.shape[1]
+    body = hard_body(t, jnp.arange(n), jnp.arange(m))
+    return jax.nn.log_softmax(answer_logits(model, t, body[None])[0], axis=-1)
 
 
 def soft_body(t: ProblemTensors, D_r, D_c, row_perm, col_perm):
-    """Body embeddings ``[S_body, D]`` with cells mixed by soft ``D_r [n+1, n+1]`` and ``D_c [m, m]`` and laid
-    out by the hard permutations (paper Eq. 11). Mixing in float32, cast to the model dtype last."""
+    """Body embeddings ``[S_body, D]`` with cells mixed by soft ``D_r [N1, N1]`` and ``D_c [M, M]`` (identity on
+    the pads) and laid out by the hard permutations (paper Eq. 11). Mixing in float32, cast to the model dtype
+    last."""
     cells = t.cell_embeds
     mixed = jnp.einsum("ai,ijkd,bj->abkd", D_r, cells.astype(jnp.float32), D_c).astype(cells.dtype)
     return _gather(t, mixed, row_perm, col_perm)
@@ -175,16 +232,25 @@ def _gather(t: ProblemTensors, slot_embeds, row_perm, col_perm):
 def answer_logits(model: Transformer, t: ProblemTensors, bodies):
     """Logits ``[B, A, V]`` at the answer positions for body embeddings ``[B, S_body, D]``.
 
-    The decoder runs over the body only, attending to the prefix through its precomputed cache.
+    The decoder runs over the body only, attending to the prefix through its precomputed keys/values: the
+    cache holds the prefix slots then the body's; pad prefix slots (past ``t.prefix_length``) are masked
+    out, and body position t has position id ``prefix_length + t``.
     """
-    B = bodies.shape[0]
-    P, S = t.prefix_length, t.body_length
-    cache = KVCache(*(jnp.broadcast_to(c, (c.shape[0], B, *c.shape[2:])) for c in (t.prefix_k, t.prefix_v)))
+    B, S = bodies.shape[:2]
+    P = t.prefix_k.shape[2]  # prefix slots (padded)
+
+    # The prefix's keys/values for each sequence, then empty slots the body's forward writes into.
+    def with_body_slots(c):
+        layers, _, _, heads, dim = c.shape
+        prefix = jnp.broadcast_to(c, (layers, B, P, heads, dim))
+        return jnp.concatenate([prefix, jnp.zeros((layers, B, S, heads, dim), c.dtype)], axis=2)
+
+    cache = KVCache(with_body_slots(t.prefix_k), with_body_slots(t.prefix_v))
     slots = jnp.arange(P + S)
-    mask = (slots[None, :] < P) | (slots[None, :] - P <= jnp.arange(S)[:, None])  # [S, P + S]
+    mask = (slots[None, :] < t.prefix_length) | ((slots[None, :] >= P) & (slots[None, :] - P <= jnp.arange(S)[:, None]))
     out = model(
         bodies,
-        jnp.broadcast_to(P + jnp.arange(S), (B, S)),
+        jnp.broadcast_to(t.prefix_length + jnp.arange(S), (B, S)),
         jnp.broadcast_to(mask, (B, S, P + S)),
         cache=cache,
         cache_index=P,
@@ -194,16 +260,21 @@ def answer_logits(model: Transformer, t: ProblemTensors, bodies):
 
 
 def objective_value(t: ProblemTensors, logits, objective: str):
-    """Per-sequence loss ``[B]`` to maximise: mean answer-token CE, or summed KL(clean || permuted)."""
+    """Per-sequence loss ``[B]`` to maximise: mean CE over the real answer tokens, or their summed
+    KL(clean || permuted). Pad answer slots count for nothing."""
     logp = jax.nn.log_softmax(logits, axis=-1)
+    mask = t.answer_mask
     if objective == "ce":
-        return -jnp.take_along_axis(logp, t.targets[None, :, None], axis=-1)[..., 0].mean(axis=-1)
+        nll = -jnp.take_along_axis(logp, t.targets[None, :, None], axis=-1)[..., 0]
+        return jnp.sum(jnp.where(mask > 0, nll, 0.0), axis=-1) / jnp.sum(mask)
     clean = t.clean_logprobs
-    return jnp.sum(jnp.exp(clean) * (clean - logp), axis=(-1, -2))
+    kl = jnp.sum(jnp.exp(clean) * (clean - logp), axis=-1)
+    return jnp.sum(jnp.where(mask > 0, kl, 0.0), axis=-1)
 
 
 @functools.partial(jax.jit, static_argnames=("objective",))
 def hard_losses(model: Transformer, t: ProblemTensors, row_perms, col_perms, objective: str = "ce"):
-    """Objective ``[B]`` of hard permutations ``row_perms [B, n]``, ``col_perms [B, m]`` in one batched forward."""
+    """Objective ``[B]`` of hard permutations ``row_perms [B, N1-1]``, ``col_perms [B, M]`` (padded:
+    ``AttackProblem.padded_orders``) in one batched forward."""
     bodies = jax.vmap(lambda r, c: hard_body(t, r, c))(row_perms, col_perms)
     return objective_value(t, answer_logits(model, t, bodies), objective)

@@ -17,9 +17,6 @@ from atp_jax.inference.qa import answer_losses
 from atp_jax.models.loading import LoadedModel
 from atp_jax.tables.table import Table
 
-_BATCH_BUCKETS = (1, 2, 4, 8)  # candidate batches are padded up to one of these: few compiles
-CANDIDATE_BATCH = _BATCH_BUCKETS[-1]  # the most orders one forward evaluates
-
 
 @dataclasses.dataclass(frozen=True)
 class AttackResult:
@@ -65,16 +62,21 @@ class Evaluator:
         return np.arange(self.problem.n_rows), np.arange(self.problem.n_cols)
 
     def losses(self, row_perms, col_perms) -> np.ndarray:
-        """Objective ``[B]`` of hard orders (the layout's tokens: one batched forward per chunk)."""
+        """Objective ``[B]`` of hard orders (the layout's tokens: one batched forward per chunk).
+
+        Each chunk is padded to one of the problem's candidate batch sizes by repeating its first order; the
+        repeats are dropped and not counted."""
         row_perms = np.asarray(row_perms, np.int32).reshape(-1, self.problem.n_rows)
         col_perms = np.asarray(col_perms, np.int32).reshape(-1, self.problem.n_cols)
+        batches = self.problem.candidate_batches
         out = []
-        for start in range(0, len(row_perms), _BATCH_BUCKETS[-1]):
-            rows, cols = row_perms[start : start + _BATCH_BUCKETS[-1]], col_perms[start : start + _BATCH_BUCKETS[-1]]
-            size = next(b for b in _BATCH_BUCKETS if b >= len(rows))
-            pad = size - len(rows)
-            rows = np.concatenate([rows, np.repeat(rows[:1], pad, 0)])
-            cols = np.concatenate([cols, np.repeat(cols[:1], pad, 0)])
+        for start in range(0, len(row_perms), batches[-1]):
+            rows, cols = row_perms[start : start + batches[-1]], col_perms[start : start + batches[-1]]
+            size = next(b for b in batches if b >= len(rows))
+            real = len(rows)
+            rows = np.concatenate([rows, np.repeat(rows[:1], size - real, 0)])
+            cols = np.concatenate([cols, np.repeat(cols[:1], size - real, 0)])
+            rows, cols = self.problem.padded_orders(rows, cols)
             values = hard_losses(
                 self.loaded.model,
                 self.problem.tensors,
@@ -82,8 +84,8 @@ class Evaluator:
                 jnp.asarray(cols),
                 objective=self.problem.objective,
             )
-            out.append(np.asarray(values)[: size - pad])
-            self.queries += size - pad
+            out.append(np.asarray(values)[:real])
+            self.queries += real
         return np.concatenate(out)
 
     def true_losses(self, row_perms, col_perms) -> np.ndarray:
@@ -94,7 +96,9 @@ class Evaluator:
         if todo:
             if self.problem.objective == "ce":
                 tables = [self.problem.example.table.permute(r, c) for r, c in todo]
-                values = answer_losses(self.loaded, self.problem.example, tables, self.problem.style)
+                values = answer_losses(
+                    self.loaded, self.problem.example, tables, self.problem.style, buckets=self.problem.buckets
+                )
             else:
                 values = self.losses([r for r, _ in todo], [c for _, c in todo])
                 self.queries -= len(todo)  # a re-measurement, not a search query

@@ -52,9 +52,21 @@ class SearchConfig(AttackConfig):
     start_samples: int = 0
 
 
+def order_gradients(evaluator: Evaluator, row_perm, col_perm) -> tuple[float, np.ndarray, np.ndarray]:
+    """(loss, ∂loss/∂D_r ``[n, n]``, ∂loss/∂D_c ``[m, m]``) at the hard order (one forward + backward, not
+    counted here)."""
+    problem = evaluator.problem
+    rows, cols = problem.padded_orders(row_perm, col_perm)
+    value, g_r, g_c = _order_gradients(
+        evaluator.loaded.model, problem.tensors, jnp.asarray(rows), jnp.asarray(cols), problem.objective
+    )
+    n, m = problem.n_rows, problem.n_cols
+    return float(value), np.asarray(g_r)[:n, :n], np.asarray(g_c)[:m, :m]
+
+
 @functools.partial(jax.jit, static_argnames=("objective",))
-def order_gradients(model: Transformer, t: ProblemTensors, row_perm, col_perm, objective: str = "ce"):
-    """(loss, ∂loss/∂D_r ``[n, n]``, ∂loss/∂D_c ``[m, m]``) at the hard order (one forward + backward)."""
+def _order_gradients(model: Transformer, t: ProblemTensors, row_perm, col_perm, objective: str = "ce"):
+    """(loss, ∂loss/∂D_r ``[N1-1, N1-1]``, ∂loss/∂D_c ``[M, M]``) at a padded hard order."""
 
     def loss(D_r, D_c):
         body = soft_body(t, pin_header(D_r), D_c, row_perm, col_perm)
@@ -96,7 +108,6 @@ def _candidates(rows, cols, g_r, g_c, cfg: SearchConfig, rng):
 
 def search_attack(evaluator: Evaluator, cfg: SearchConfig, rng: np.random.Generator) -> AttackResult:
     """Gradient-guided swap search with ``cfg.n_attack`` gradient evaluations at most."""
-    problem = evaluator.problem
     rows, cols = evaluator.identity
     best_loss = None
     if cfg.start_samples:
@@ -113,17 +124,13 @@ def search_attack(evaluator: Evaluator, cfg: SearchConfig, rng: np.random.Genera
         if not ranked:
             if gradient_steps == cfg.n_attack:
                 break
-            value, g_r, g_c = order_gradients(
-                evaluator.loaded.model, problem.tensors, jnp.asarray(rows), jnp.asarray(cols), problem.objective
-            )
+            value, g_r, g_c = order_gradients(evaluator, rows, cols)
             evaluator.queries += 1
             evaluator.backward_calls += 1
             gradient_steps += 1
-            best_loss = float(value)
+            best_loss = value
             ranked = [
-                mv
-                for mv in _candidates(rows, cols, np.asarray(g_r), np.asarray(g_c), cfg, rng)
-                if (tuple(mv[0]), tuple(mv[1])) not in seen
+                mv for mv in _candidates(rows, cols, g_r, g_c, cfg, rng) if (tuple(mv[0]), tuple(mv[1])) not in seen
             ]
             if not ranked:
                 break
@@ -142,14 +149,11 @@ def search_attack(evaluator: Evaluator, cfg: SearchConfig, rng: np.random.Genera
 def swap_rank_correlation(evaluator: Evaluator, row_perm=None, col_perm=None) -> dict:
     """Spearman correlation between the gradient's predicted and the true objective change of every single
     row/column swap at an order (default: the original). True changes use the layout's loss (batched)."""
-    problem = evaluator.problem
     rows = evaluator.identity[0] if row_perm is None else np.asarray(row_perm)
     cols = evaluator.identity[1] if col_perm is None else np.asarray(col_perm)
-    value, g_r, g_c = order_gradients(
-        evaluator.loaded.model, problem.tensors, jnp.asarray(rows), jnp.asarray(cols), problem.objective
-    )
-    moves = _candidates(rows, cols, np.asarray(g_r), np.asarray(g_c), SearchConfig(), None)
-    true = evaluator.losses([r for r, _, _ in moves], [c for _, c, _ in moves]) - float(value)
+    value, g_r, g_c = order_gradients(evaluator, rows, cols)
+    moves = _candidates(rows, cols, g_r, g_c, SearchConfig(), None)
+    true = evaluator.losses([r for r, _, _ in moves], [c for _, c, _ in moves]) - value
     predicted = np.array([s for _, _, s in moves])
     rho = scipy.stats.spearmanr(predicted, true).statistic if len(moves) > 2 else float("nan")
     top = int(np.argmax(predicted))

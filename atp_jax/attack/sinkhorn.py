@@ -9,6 +9,11 @@ Convention (shared with `hungarian.py` and the layout): D[a, i] is the weight wi
 row/column i is placed in slot a, so E_mix[a] = sum_i D[a, i] * E[i]. For a hard permutation
 D[a, perm[a]] = 1.
 
+Padding (shape buckets): with ``size`` given, rows/columns ``size`` and beyond are padding. Their scores are
+replaced by those of the identity (log-domain: 0 on the diagonal, −inf elsewhere, and −inf between real and
+pad entries), so ``D`` is exactly ``block_diag(Sinkhorn(theta[:size, :size]), I)``: pads are never permuted,
+never mix with real rows, add 0 to the entropy and get no gradient.
+
 Dtype policy: Sinkhorn and entropy always run in float32, whatever dtype theta arrives in (the model
 may run in bfloat16); callers cast the *mixed embeddings* to the model dtype last (design notes,
 "Restarts and shapes").
@@ -51,13 +56,25 @@ def _check_square(x: jax.Array, name: str) -> None:
         raise ValueError(f"{name} must have shape [..., k, k], got {x.shape}")
 
 
+def hold_padding(log_alpha: jax.Array, size) -> jax.Array:
+    """``log_alpha`` [..., k, k] with rows/columns ``>= size`` (an int, traced or not) set to the identity's
+    log-domain scores: 0 on their diagonal, −inf between them and everywhere else in their rows/columns."""
+    k = log_alpha.shape[-1]
+    index = jnp.arange(k)
+    real = index < size
+    pad_scores = jnp.where(index[:, None] == index[None, :], 0.0, -jnp.inf).astype(log_alpha.dtype)
+    return jnp.where(real[:, None] & real[None, :], log_alpha, pad_scores)
+
+
 @functools.partial(jax.jit, static_argnames=("config",))
-def log_sinkhorn(theta: jax.Array, config: SinkhornConfig = SinkhornConfig()) -> jax.Array:
+def log_sinkhorn(theta: jax.Array, config: SinkhornConfig = SinkhornConfig(), size=None) -> jax.Array:
     """Log of the Sinkhorn-normalised matrix.
 
     Args:
       theta: [..., k, k] float scores, any float dtype (computed in float32).
       config: static `SinkhornConfig`.
+      size: optional int (may be traced): rows/columns from ``size`` on are padding, held at the identity
+        (see the module doc). None: all k are real.
 
     Returns:
       log_D: [..., k, k] float32. logsumexp over axis -2 (each column) is 0 to float32 rounding, since
@@ -67,6 +84,8 @@ def log_sinkhorn(theta: jax.Array, config: SinkhornConfig = SinkhornConfig()) ->
     # Stays in the log domain throughout: exp(theta) overflows float32 at theta ≈ 88, while logsumexp
     # subtracts the max first, so |theta| ≫ 1e3 gives finite values and finite (softmax) gradients.
     log_alpha = theta.astype(COMPUTE_DTYPE) / jnp.asarray(config.temperature, COMPUTE_DTYPE)
+    if size is not None:
+        log_alpha = hold_padding(log_alpha, size)
 
     def sweep(_, la):
         la = la - jax.nn.logsumexp(la, axis=-1, keepdims=True)  # rows sum to 1
@@ -78,19 +97,20 @@ def log_sinkhorn(theta: jax.Array, config: SinkhornConfig = SinkhornConfig()) ->
 
 
 @functools.partial(jax.jit, static_argnames=("config",))
-def sinkhorn(theta: jax.Array, config: SinkhornConfig = SinkhornConfig()) -> jax.Array:
+def sinkhorn(theta: jax.Array, config: SinkhornConfig = SinkhornConfig(), size=None) -> jax.Array:
     """Soft permutation D = exp(log_sinkhorn(theta)).
 
     Args:
       theta: [..., k, k] float scores, any float dtype (computed in float32).
       config: static `SinkhornConfig`.
+      size: optional int: rows/columns from ``size`` on are padding, D is the identity there.
 
     Returns:
       D: [..., k, k] float32, entries in [0, 1]; each column sums to 1 (to float32 rounding), each row
       sums to 1 up to the residual left by `config.num_iters` sweeps. Entries far below the column's
       maximum underflow to exactly 0 (harmless: `entropy` is safe at 0, gradients there are 0).
     """
-    return jnp.exp(log_sinkhorn(theta, config))
+    return jnp.exp(log_sinkhorn(theta, config, size))
 
 
 def pin_header(D_body: jax.Array) -> jax.Array:

@@ -36,6 +36,7 @@ SWEEPS = ("lambda", "n_attack", "lr", "options")
 
 selection.define_flags(num_examples=12)
 selection.define_run_flags(model="smollm2-135m-instruct", output_dir="results/ablation", tracking=True)
+selection.define_bucket_flags()
 flags.DEFINE_enum("style", "markdown", list(STYLES), "Table linearization.")
 flags.DEFINE_string("attack", "paper", "The preset swept (an ATP preset; N_attack also takes a search preset).")
 flags.DEFINE_list(
@@ -173,6 +174,7 @@ def main(argv):
         generate=FLAGS.generate,
         max_new_tokens=FLAGS.max_new_tokens,
         memory_budget_bytes=selection.memory_budget(),
+        buckets=selection.bucket_grid(),
     )
     for sink in sinks:
         sink.close()

@@ -222,7 +222,7 @@ def _attack_step_variants(loaded, example):
     from atp_jax.attack.presets import preset
     from atp_jax.attack.problem import make_problem
 
-    problem = make_problem(loaded, example)
+    problem = make_problem(loaded, example, buckets=None)  # exact sizes: the same tokens as the yardstick
     layout = problem.layout
     ids = jnp.asarray(layout.ids())[None]
     S = ids.shape[1]

@@ -38,6 +38,7 @@ from atp_jax.tables.prompt import ANSWER_FORMATS, PromptStyle
 # With no flags this is the demo (README): the paper's table on two small sample tables, ≤ 10 min on 2 CPU cores.
 selection.define_flags(num_examples=2, max_rows=8, max_cols=5)
 selection.define_run_flags(model=DEFAULT_MODEL, output_dir="results/demo", tracking=True)
+selection.define_bucket_flags()
 flags.DEFINE_enum("style", "markdown", list(STYLES), "Table linearization.")
 flags.DEFINE_list(
     "attack_modules",
@@ -266,6 +267,7 @@ def main(argv):
         smoothing_ks=smoothing_ks or None,
         scorer=scorer,
         memory_budget_bytes=selection.memory_budget(),
+        buckets=selection.bucket_grid(),
     )
     for sink in sinks:
         sink.close()

@@ -33,6 +33,7 @@ from atp_jax.runs.tracking import (
     installed,
     missing_message,
 )
+from atp_jax.tables.buckets import DEFAULT_BUCKETS, BucketGrid
 from atp_jax.tables.table import Example
 
 FLAGS = flags.FLAGS
@@ -157,6 +158,29 @@ def define_run_flags(model: str, output_dir: str, memory_budget: bool = True, tr
             "Skip (and record why) examples whose attention weights alone would "
             "need more memory than this; default: half of this machine's memory.",
         )
+
+
+def define_bucket_flags() -> None:
+    """``--buckets`` and ``--candidate_batch``: the shape buckets attack problems are padded to."""
+    flags.DEFINE_bool(
+        "buckets",
+        True,
+        "Pad each question's attack tensors to a shape bucket (atp_jax.tables.buckets), so questions of one "
+        "bucket share compiled programs; --nobuckets keeps every question's exact sizes (one compile per shape). "
+        "Results are the same either way, so this is not part of a results folder's identity.",
+    )
+    flags.DEFINE_integer(
+        "candidate_batch",
+        DEFAULT_BUCKETS.candidate_batch,
+        "With --buckets: orders scored per forward, every batch padded to it (8 suits a CPU; on an "
+        "accelerator 32 scores best-of-20 in one forward).",
+        lower_bound=1,
+    )
+
+
+def bucket_grid() -> BucketGrid | None:
+    """The grid ``--buckets``/``--candidate_batch`` ask for; None for exact shapes."""
+    return BucketGrid(candidate_batch=FLAGS.candidate_batch) if FLAGS.buckets else None
 
 
 def start_compilation() -> None:

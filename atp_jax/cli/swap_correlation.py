@@ -42,6 +42,7 @@ RECORD_NAME = "swap_rank"  # the ``attack`` field of every record this binary wr
 
 selection.define_flags(num_examples=12, max_rows=12, max_cols=8, sharding=False)
 selection.define_run_flags(model="smollm2-135m-instruct", output_dir="results/swap_rank", memory_budget=False)
+selection.define_bucket_flags()
 flags.DEFINE_enum("style", "markdown", list(STYLES), "Table linearization.")
 flags.DEFINE_list("compare", [], "Print the comparison table of these swap-rank folders instead of running.")
 flags.DEFINE_list(
@@ -130,7 +131,7 @@ def main(argv):
         for example in tqdm(todo, desc="swaps"):
             start = time.perf_counter()
             try:
-                evaluator = Evaluator(model, make_problem(model, example, style))
+                evaluator = Evaluator(model, make_problem(model, example, style, buckets=selection.bucket_grid()))
                 stats = swap_rank_correlation(evaluator)
             except (AttackInputError, InputTooLong) as e:
                 folder.append({"id": example.id, "attack": RECORD_NAME, "skipped": str(e)})

@@ -11,8 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from atp_jax.models.modeling import KVCache, Transformer, default_positions
+from atp_jax.tables.buckets import DEFAULT_BUCKETS
 
-# Prompt lengths are padded up to a multiple of this, so a batch of similar prompts reuses one compile.
+# Without shape buckets, re-rendered sequences are padded up to a multiple of this.
 LENGTH_BUCKET = 32
 
 
@@ -81,7 +82,7 @@ def generate_ids(loaded: LoadedModel, prompts: Sequence[Sequence[int]], max_new_
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("generate_ids needs at least one prompt and no empty prompt")
     longest = max(len(p) for p in prompts)
-    S0 = padded_length(longest)
+    S0 = DEFAULT_BUCKETS.text_length(longest)  # left padding (masked) to a shape bucket: one program per bucket
     ids = np.zeros((len(prompts), S0), np.int32)
     mask = np.zeros((len(prompts), S0), bool)
     for b, prompt in enumerate(prompts):

@@ -16,6 +16,7 @@ import numpy as np
 from atp_jax.inference.generate import generate_ids, padded_length
 from atp_jax.models.loading import LoadedModel
 from atp_jax.models.modeling import Transformer
+from atp_jax.tables.buckets import DEFAULT_BUCKETS, BucketGrid, power_of_two_batch
 from atp_jax.tables.prompt import (
     PromptStyle,
     encode_text,
@@ -70,26 +71,40 @@ def answer_losses(
     tables: Sequence[Table],
     style: PromptStyle = PromptStyle(),
     batch_size: int = 8,
+    buckets: BucketGrid | None = DEFAULT_BUCKETS,
 ) -> np.ndarray:
-    """Mean token cross-entropy of the reference answer under each table ``[K]`` (batched forwards)."""
+    """Mean token cross-entropy of the reference answer under each table ``[K]`` (batched forwards).
+
+    With ``buckets`` the sequences are right-padded to the grid's text length, the answer slots to its
+    answer length (extra slots repeat the last answer token and are left out of the mean) and the batch to
+    a power of two up to ``batch_size``, so examples of one bucket share one program; without, to a multiple
+    of 32 tokens and exactly the answer's length. Right padding is inert under causal attention, so both
+    give the same losses.
+    """
     tok = loaded.tokenizer
     target = encode_text(tok, reference_answer(example))
     prompts = [prompt_ids(loaded, example, t, style) for t in tables]
     A = len(target)
     check_context(loaded, example, max(len(p) for p in prompts), A)
+    slots = A if buckets is None or buckets.answer is None else buckets.answer.fit(A)
+    scored = np.asarray(target + target[-1:] * (slots - A), np.int32)
     losses = []
     for start in range(0, len(prompts), batch_size):
         chunk = prompts[start : start + batch_size]
         longest = max(len(p) for p in chunk) + A
-        S = padded_length(longest)  # right padding to a bucket: fewer distinct compiles
-        rows = batch_size if len(prompts) > batch_size else len(chunk)  # fixed batch: one compile
+        if buckets is None:
+            S = padded_length(longest)  # right padding to a multiple of 32: fewer distinct compiles
+            rows = batch_size if len(prompts) > batch_size else len(chunk)
+        else:
+            S = buckets.text_length(longest)
+            rows = power_of_two_batch(len(chunk), batch_size)
         ids = np.zeros((rows, S), np.int32)
-        positions = np.zeros((rows, A), np.int32)
+        positions = np.zeros((rows, slots), np.int32)
         for b, p in enumerate(chunk):
             ids[b, : len(p) + A] = p + target
-            positions[b] = np.arange(len(p) - 1, len(p) - 1 + A)
-        nll = token_nll(loaded.model, ids, positions, np.broadcast_to(np.asarray(target, np.int32), (rows, A)))
-        losses.extend(np.asarray(nll)[: len(chunk)].mean(axis=1).tolist())
+            positions[b] = np.minimum(np.arange(len(p) - 1, len(p) - 1 + slots), len(p) - 2 + A)
+        nll = token_nll(loaded.model, ids, positions, np.broadcast_to(scored, (rows, slots)))
+        losses.extend(np.asarray(nll)[: len(chunk), :A].mean(axis=1).tolist())
     return np.asarray(losses)
 
 

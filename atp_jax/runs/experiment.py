@@ -18,7 +18,6 @@ import jax
 from atp_jax.attack import registry
 from atp_jax.attack.config import AttackConfig
 from atp_jax.attack.problem import AttackInputError, make_problem
-from atp_jax.attack.result import CANDIDATE_BATCH
 from atp_jax.attack.run import attack
 from atp_jax.data.datasets import DEFAULT_ORDER_FILTER, filter_examples, load_dataset
 from atp_jax.defense.smoothing import SmoothingConfig, smoothed_answers
@@ -32,6 +31,7 @@ from atp_jax.inference.qa import (
 )
 from atp_jax.models.loading import LoadedModel
 from atp_jax.runs.records import AttackRecord, SkipRecord
+from atp_jax.tables.buckets import DEFAULT_BUCKETS, BucketGrid
 from atp_jax.tables.prompt import PromptStyle
 from atp_jax.tables.table import Example
 from atp_jax.version import __version__
@@ -117,6 +117,7 @@ def run_one(
     smoothing_ks: Sequence[int] | None = None,
     scorer: Scorer | None = None,
     memory_budget_bytes: int | None = None,
+    buckets: BucketGrid | None = DEFAULT_BUCKETS,
 ) -> AttackRecord | SkipRecord:
     """Runs attack ``name`` (configured by ``config``) on ``example`` and returns its result record.
 
@@ -131,6 +132,8 @@ def run_one(
     ``memory_budget_bytes`` skips an example whose attention weights alone would exceed it (a long cell can ask
     for tens of GB), with the reason recorded.
 
+    ``buckets`` pads the attack's tensors to shape buckets (``make_problem``); the record is the same either way.
+
     ``smoothing`` (needs ``generate``) adds the permutation-smoothing defense on the chosen order:
     ``defended`` maps ``smooth_kK`` for each K in ``smoothing_ks`` (default ``(smoothing.k,)``) to
     ``{"prediction", "scores", "agreement"}`` (see ``atp_jax.defense.smoothing``), and ``defense_seconds``
@@ -143,11 +146,11 @@ def run_one(
         if generate:  # the answer under the chosen order must fit too: find out before the attack runs
             check_context(model, example, len(prompt_ids(model, example, style=style)), max_new_tokens)
         if config.objective not in problems:
-            problems[config.objective] = make_problem(model, example, style, config.objective)
+            problems[config.objective] = make_problem(model, example, style, config.objective, buckets=buckets)
         problem = problems[config.objective]
         if memory_budget_bytes is not None:
             method = registry.method_of(config)
-            batch = getattr(config, "restarts", 1) if method.uses_gradient else CANDIDATE_BATCH
+            batch = getattr(config, "restarts", 1) if method.uses_gradient else problem.candidate_batches[-1]
             need = problem.attention_bytes(model.config, batch, through_layers=method.uses_gradient)
             if need > memory_budget_bytes:
                 raise AttackInputError(

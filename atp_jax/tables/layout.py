@@ -26,6 +26,11 @@ trusted beyond it (``Layout.exact``): there every cell sits between ``"|"`` and 
 mismatched (``atp-layout-mismatch``), while in csv/json a cell such as ``""`` or ``#`` can
 merge with a different neighbour after a permutation. Reported numbers always come from re-rendering
 and re-tokenizing the permuted text.
+
+Padding to a shape bucket (``atp_jax.tables.buckets``) is invisible: pad rows and columns are cells of length
+0 that no run refers to, pad runs are template runs of length 0 (``place`` skips empty runs), pad template
+and cell tokens are never gathered, and body positions past the real body (after the answer) take bank
+index 0 — under causal attention nothing real attends to them.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import dataclasses
 import jax.numpy as jnp
 import numpy as np
 
+from atp_jax.tables.buckets import Sizes
 from atp_jax.tables.prompt import Prompt, PromptStyle, encode_text, reference_answer, render_prompt
 from atp_jax.tables.table import Example, Table
 
@@ -107,20 +113,57 @@ class Layout:
         return np.arange(self.body_length - self.answer_length - 1, self.body_length - 1)
 
     @property
-    def static_sizes(self) -> dict[str, int]:
-        """The keyword arguments of ``place`` that fix shapes (static under ``jit``)."""
-        return {"body_length": self.body_length, "max_cell_tokens": self.max_cell_tokens}
+    def sizes(self) -> Sizes:
+        """The layout's own (unpadded) sizes."""
+        return Sizes(
+            rows=self.n_rows + 1,
+            cols=self.n_cols,
+            cell_tokens=self.max_cell_tokens,
+            runs=len(self.item_kind),
+            template=len(self.template_ids),
+            body=self.body_length,
+            prefix=self.prefix_length,
+            answer=self.answer_length,
+        )
 
-    def arrays(self, xp=jnp) -> dict:
-        """The integer arrays ``place`` needs: device arrays for ``jit`` (default), or ``xp=np``."""
+    def static_sizes(self, sizes: Sizes | None = None) -> dict[str, int]:
+        """The keyword arguments of ``place`` that fix shapes (static under ``jit``), padded to ``sizes``."""
+        sizes = sizes or self.sizes
+        return {"body_length": sizes.body, "max_cell_tokens": sizes.cell_tokens}
+
+    def arrays(self, xp=jnp, sizes: Sizes | None = None) -> dict:
+        """The integer arrays ``place`` needs, padded to ``sizes`` (default: none): device arrays for ``jit``
+        (default), or ``xp=np``. Pad cells have length 0; pad runs are empty template runs."""
+        sizes = sizes or self.sizes
+        runs = lambda a: pad_to(a, (sizes.runs,))  # noqa: E731  (TEMPLATE_RUN = 0: pads are empty templates)
         return {
-            "template_length": xp.asarray(len(self.template_ids)),
-            "cell_lengths": xp.asarray(self.cell_lengths),
-            "item_kind": xp.asarray(self.item_kind),
-            "item_start": xp.asarray(self.item_start),
-            "item_length": xp.asarray(self.item_length),
-            "item_row": xp.asarray(self.item_row),
-            "item_col": xp.asarray(self.item_col),
+            "template_length": xp.asarray(sizes.template),
+            "cell_lengths": xp.asarray(pad_to(self.cell_lengths, (sizes.rows, sizes.cols))),
+            "item_kind": xp.asarray(runs(self.item_kind)),
+            "item_start": xp.asarray(runs(self.item_start)),
+            "item_length": xp.asarray(runs(self.item_length)),
+            "item_row": xp.asarray(runs(self.item_row)),
+            "item_col": xp.asarray(runs(self.item_col)),
+        }
+
+    def token_arrays(self, sizes: Sizes | None = None) -> dict[str, np.ndarray]:
+        """The token ids an attack embeds, padded to ``sizes`` (default: none); numpy.
+
+        prefix_ids ``[P]``, template_ids ``[Tt]``, cell_ids ``[n+1, m, L]`` and cell_mask (True at a cell's own
+        tokens) padded with 0 / False; answer_ids and answer_positions ``[A]`` (body indices whose logits
+        predict each answer token) padded by repeating the last real one, answer_mask ``[A]`` False there.
+        """
+        sizes = sizes or self.sizes
+        real = np.ones(self.answer_length, bool)
+        cells = self.cell_lengths[..., None] > np.arange(self.max_cell_tokens)
+        return {
+            "prefix_ids": pad_to(self.prefix_ids, (sizes.prefix,)),
+            "template_ids": pad_to(self.template_ids, (sizes.template,)),
+            "cell_ids": pad_to(self.cell_ids, (sizes.rows, sizes.cols, sizes.cell_tokens)),
+            "cell_mask": pad_to(cells, (sizes.rows, sizes.cols, sizes.cell_tokens)),
+            "answer_ids": pad_to(self.answer_ids, (sizes.answer,), edge=True),
+            "answer_positions": pad_to(self.answer_logit_positions(), (sizes.answer,), edge=True),
+            "answer_mask": pad_to(real, (sizes.answer,)),
         }
 
     def runs(self, row_perm=None, col_perm=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -142,7 +185,7 @@ class Layout:
         n, m = self.n_rows, self.n_cols
         rp = np.arange(n) if row_perm is None else np.asarray(row_perm)
         cp = np.arange(m) if col_perm is None else np.asarray(col_perm)
-        source = place(self.arrays(np), rp, cp, **self.static_sizes)
+        source = place(self.arrays(np), rp, cp, **self.static_sizes())
         slot_ids = self.cell_ids[full_row_perm(rp)][:, cp]
         bank = np.concatenate([self.template_ids, slot_ids.reshape(-1)])
         return np.concatenate([self.prefix_ids, bank[source]])
@@ -150,6 +193,24 @@ class Layout:
 
 def _array_module(x):
     return np if isinstance(x, np.ndarray) else jnp
+
+
+def pad_to(array: np.ndarray, shape: tuple[int, ...], edge: bool = False) -> np.ndarray:
+    """``array`` padded at the end of each axis to ``shape``: with zeros, or (``edge``) its last entries."""
+    array = np.asarray(array)
+    widths = [(0, size - have) for size, have in zip(shape, array.shape)]
+    if any(w < 0 for _, w in widths):
+        raise ValueError(f"cannot pad an array of shape {array.shape} to the smaller {shape}")
+    if edge and array.size:
+        return np.pad(array, widths, mode="edge")
+    return np.pad(array, widths)
+
+
+def pad_perms(perms, size: int) -> np.ndarray:
+    """Permutations ``[..., k]`` extended to ``[..., size]`` with the pads fixed in place (``k, …, size-1``)."""
+    perms = np.asarray(perms, np.int32)
+    pads = np.arange(perms.shape[-1], size, dtype=np.int32)
+    return np.concatenate([perms, np.broadcast_to(pads, (*perms.shape[:-1], len(pads)))], axis=-1)
 
 
 def full_row_perm(row_perm):
@@ -164,10 +225,11 @@ def place(arrays: dict, row_perm, col_perm, *, body_length: int, max_cell_tokens
     Pure array code: JAX (jit/vmap-able) for JAX inputs, numpy for numpy inputs (``Layout.ids``).
 
     Args:
-      arrays: ``Layout.arrays()``.
-      row_perm: int ``[n]``, data row ``row_perm[a]`` goes to slot row ``a + 1``.
-      col_perm: int ``[m]``, column ``col_perm[b]`` goes to slot column ``b``.
-      body_length, max_cell_tokens: the layout's static sizes.
+      arrays: ``Layout.arrays()`` (padded or not).
+      row_perm: int ``[n]``, data row ``row_perm[a]`` goes to slot row ``a + 1`` (pad rows: ``row_perm[a] = a``).
+      col_perm: int ``[m]``, column ``col_perm[b]`` goes to slot column ``b`` (pad columns likewise).
+      body_length, max_cell_tokens: the static sizes (``Layout.static_sizes``); positions past the real
+        body get bank index 0.
     """
     xp = _array_module(row_perm)
     rows = full_row_perm(row_perm)
@@ -176,11 +238,14 @@ def place(arrays: dict, row_perm, col_perm, *, body_length: int, max_cell_tokens
     length = xp.where(kind == SLOT_RUN, slot_length, arrays["item_length"])
     ends = xp.cumsum(length)
     t = xp.arange(body_length)
-    item = xp.searchsorted(ends, t, side="right")  # the run covering position t (skips empty runs)
+    # The run covering position t (skips empty runs); past the real body, the last run (then masked below).
+    item = xp.minimum(xp.searchsorted(ends, t, side="right"), len(ends) - 1)
     offset = t - (ends[item] - length[item])
     n_cols = arrays["cell_lengths"].shape[1]
     slot_index = (item_row[item] * n_cols + item_col[item]) * max_cell_tokens + offset
-    return xp.where(kind[item] == SLOT_RUN, arrays["template_length"] + slot_index, arrays["item_start"][item] + offset)
+    template_index = arrays["item_start"][item] + offset
+    source = xp.where(kind[item] == SLOT_RUN, arrays["template_length"] + slot_index, template_index)
+    return xp.where(t < ends[-1], source, 0)
 
 
 def build_layout(
