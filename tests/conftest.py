@@ -3,6 +3,7 @@ shared dev data (``$ATP_JAX_DATA``, else ``shared/data`` inside or next to the c
 
 import functools
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 from atp_jax.models import gguf, zoo
 from atp_jax.models.config import ModelConfig
 from atp_jax.models.loading import LoadedModel
-from atp_jax.models.modeling import random_model
+from atp_jax.models.params import random_model
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -20,10 +21,11 @@ REPO = Path(__file__).resolve().parents[1]
 def run_binary(binary: str, args, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
     """Runs the binary ``atp_jax/cli/<binary>.py`` with ``args`` from the checkout on the CPU (``python -m``, so
     the checkout's package is the one imported); never raises on failure."""
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     return subprocess.run(
         [sys.executable, "-m", f"atp_jax.cli.{binary}", *map(str, args)],
         cwd=REPO,
-        env={**os.environ, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})},
+        env={**os.environ, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": path, **(env or {})},
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -38,6 +40,13 @@ def tensorboard_scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
     accumulator = event_accumulator.EventAccumulator(str(run_dir), size_guidance={event_accumulator.SCALARS: 0})
     accumulator.Reload()
     return {tag: [(e.step, e.value) for e in accumulator.Scalars(tag)] for tag in accumulator.Tags()["scalars"]}
+
+
+def closed_port() -> int:
+    """A local TCP port nothing listens on: a server that refuses connections at once."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def find_shared_data() -> Path | None:
@@ -60,7 +69,15 @@ def shared_data() -> Path:
 
 @pytest.fixture(scope="session")
 def smollm2_tokenizer():
-    """SmolLM2's real tokenizer (from the zoo's GGUF): prompts tokenize exactly as with the real model."""
+    """SmolLM2's real tokenizer (from the zoo's GGUF): prompts tokenize exactly as with the real model.
+
+    ``$ATP_JAX_TEST_TOKENIZER``, a folder where it was saved (``save_pretrained``), stands in for the zoo on a
+    machine that can fetch nothing (experiments/device_check.sh)."""
+    saved = os.environ.get("ATP_JAX_TEST_TOKENIZER")
+    if saved:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(saved)
     return gguf.load_gguf_tokenizer(zoo.resolve("smollm2-135m-instruct"))
 
 

@@ -6,7 +6,8 @@ import numpy as np
 
 from atp_jax.inference.generate import greedy_decode
 from atp_jax.models.config import ModelConfig
-from atp_jax.models.modeling import default_positions, random_model
+from atp_jax.models.modeling import default_positions
+from atp_jax.models.params import random_model
 
 CONFIG = ModelConfig(
     architecture="qwen2",

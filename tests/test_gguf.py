@@ -395,5 +395,112 @@ def test_tokenizer_honours_add_bos_token(tmp_path):
 
 def test_tokenizer_rejects_unknown_pre_tokenizer(tmp_path):
     path = _write_tiny_gguf(tmp_path / "pre.gguf", pre="mystery", **TINY_VOCAB)
-    with pytest.raises(ValueError, match=r"unsupported tokenizer.ggml.pre 'mystery' .*supported: qwen2, smollm"):
+    with pytest.raises(ValueError, match=r"unsupported tokenizer.ggml.pre 'mystery' .*supported: qwen2, smollm, llama"):
         gguf_io.load_gguf_tokenizer(path)
+
+
+# --------------------------------------------------------------------------------------------
+# Llama 3's tokenizer (llama-bpe), against tiktoken, the library Llama 3's tokenizer was made with
+# --------------------------------------------------------------------------------------------
+
+
+def _llama3_pattern() -> str:
+    """Llama 3's published split pattern, as transformers' converter of tiktoken vocabularies holds it."""
+    import inspect
+
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    return inspect.signature(TikTokenConverter).parameters["pattern"].default
+
+
+LLAMA3_TEXTS = [
+    "Which team scored 1234567 goals in 2019?",
+    "I'LL say they'd've done it; DON'T you think?",
+    "  leading spaces,   inner   runs\n\n\ttabs and\r\nnewlines!!!\n",
+    "café, naïve, 東京 and Ünïcödé — “quotes” 3.14159",
+    "| Player | Goals |\n|---|---|\n| Alice | 12 |",
+]
+
+
+def _train_ranks(corpus: list[str], merges: int) -> dict[bytes, int]:
+    """A byte-level BPE vocabulary as tiktoken ranks: the 256 bytes, then ``merges`` merged pairs, each the most
+    frequent adjacent pair in the corpus split by Llama 3's pattern (so real pieces of the texts become tokens)."""
+    import regex
+
+    words = [
+        [bytes([b]) for b in piece.encode()] for text in corpus for piece in regex.findall(_llama3_pattern(), text)
+    ]
+    ranks = {bytes([b]): b for b in range(256)}
+    for _ in range(merges):
+        counts: dict[tuple[bytes, bytes], int] = {}
+        for word in words:
+            for pair in zip(word, word[1:]):
+                counts[pair] = counts.get(pair, 0) + 1
+        if not counts:
+            break
+        best = max(counts, key=lambda pair: (counts[pair], pair))
+        ranks[best[0] + best[1]] = len(ranks)
+        for word in words:
+            i = 0
+            while i < len(word) - 1:
+                if (word[i], word[i + 1]) == best:
+                    word[i : i + 2] = [best[0] + best[1]]
+                else:
+                    i += 1
+    return ranks
+
+
+def _write_llama3_tokenizer_gguf(path: Path, ranks: dict[bytes, int], specials: list[str]) -> Path:
+    """A GGUF holding only a Llama-3-style tokenizer: byte-level tokens in rank order, their merges, and the
+    special tokens after them (BOS first, added to every encoding as Llama 3's files say)."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    byte_encoder = bytes_to_unicode()
+
+    def text(token: bytes) -> str:
+        return "".join(byte_encoder[b] for b in token)
+
+    by_rank = sorted(ranks, key=ranks.get)
+    merges = []
+    for token in by_rank[256:]:
+        # The one split of each merged token into two earlier tokens that the training made last.
+        left, right = max(
+            ((token[:i], token[i:]) for i in range(1, len(token)) if token[:i] in ranks and token[i:] in ranks),
+            key=lambda pair: max(ranks[pair[0]], ranks[pair[1]]),
+        )
+        merges.append(f"{text(left)} {text(right)}")
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_string("tokenizer.ggml.model", "gpt2")
+    writer.add_string("tokenizer.ggml.pre", "llama-bpe")
+    writer.add_token_list([text(t) for t in by_rank] + specials)
+    writer.add_token_merges(merges)
+    writer.add_token_types([1] * len(by_rank) + [3] * len(specials))
+    writer.add_uint32("tokenizer.ggml.bos_token_id", len(by_rank))
+    writer.add_uint32("tokenizer.ggml.eos_token_id", len(by_rank) + 1)
+    writer.add_bool("tokenizer.ggml.add_bos_token", True)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_llama3_tokenizer_matches_tiktoken(tmp_path):
+    tiktoken = pytest.importorskip("tiktoken")
+    ranks = _train_ranks(LLAMA3_TEXTS * 3, merges=300)
+    specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"]
+    path = _write_llama3_tokenizer_gguf(tmp_path / "llama3.gguf", ranks, specials)
+    reference = tiktoken.Encoding(
+        "synthetic-llama3",
+        pat_str=_llama3_pattern(),
+        mergeable_ranks=ranks,
+        special_tokens={token: len(ranks) + i for i, token in enumerate(specials)},
+    )
+    tokenizer = gguf_io.load_gguf_tokenizer(path)
+    bos = len(ranks)
+    # Texts the vocabulary was trained on, and others it splits into smaller pieces.
+    for text in [*LLAMA3_TEXTS, "Bob's 98765 red balloons?!\n  ok", "zebra QUIZ 0.5%"]:
+        expected = [bos, *reference.encode(text)]
+        assert tokenizer(text).input_ids == expected, text
+        assert tokenizer.decode(expected, skip_special_tokens=True) == text
+    assert tokenizer("<|eot_id|>hi").input_ids == [bos, *reference.encode("<|eot_id|>hi", allowed_special="all")]

@@ -21,6 +21,7 @@ LAYERS = {
     "stats": 0,
     "distributed": 0,
     "compilation": 0,
+    "sharding": 0,
     "inference": 1,
     "attack": 2,
     "defense": 2,

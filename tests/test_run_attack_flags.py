@@ -4,12 +4,12 @@ Every case passes ``--model`` as a file that does not exist: if the binary touch
 checking the flag, the error would be about the model instead.
 """
 
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import closed_port
 
 REPO = Path(__file__).resolve().parents[1]
 NO_MODEL = "/nonexistent/model.gguf"
@@ -27,12 +27,6 @@ def _run(tmp_path, *args):
         *args,
     ]
     return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
-
-
-def _closed_port():
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.mark.parametrize(
@@ -59,7 +53,7 @@ def test_bad_flag_stops_before_the_model(tmp_path, args, message):
 
 
 def test_unreachable_judge_url_is_named(tmp_path):
-    url = f"http://127.0.0.1:{_closed_port()}"
+    url = f"http://127.0.0.1:{closed_port()}"
     done = _run(tmp_path, "--metrics", "auto,judge", "--judge_url", url)
     assert done.returncode != 0
     assert f"--judge_url {url}" in done.stderr and "connection_error" in done.stderr, done.stderr[-2000:]

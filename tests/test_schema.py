@@ -7,7 +7,7 @@ import pytest
 
 from atp_jax.models import architectures, params, schema
 from atp_jax.models.config import ModelConfig
-from atp_jax.models.modeling import random_model
+from atp_jax.models.params import random_model
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

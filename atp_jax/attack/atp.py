@@ -30,6 +30,7 @@ from atp_jax.attack.problem import ProblemTensors, answer_logits, objective_valu
 from atp_jax.attack.result import AttackResult, Evaluator
 from atp_jax.attack.sinkhorn import SinkhornConfig, entropy, pin_header, sinkhorn
 from atp_jax.models.modeling import Transformer
+from atp_jax.sharding import place_batch
 
 INITS = ("uniform", "identity", "random_perm")
 _INITS = {name: i for i, name in enumerate(INITS)}
@@ -226,6 +227,7 @@ def atp_attack(evaluator: Evaluator, cfg: ATPConfig, rng: np.random.Generator | 
     ``rng`` is unused: the JAX key derives from ``cfg.seed``."""
     del rng
     keys = jax.random.split(jax.random.key(cfg.seed), cfg.restarts)
+    keys = place_batch(keys, evaluator.loaded.mesh)  # restarts split over the mesh's data axis
     trace, final_r, final_c = run_atp(evaluator.loaded.model, evaluator.problem.tensors, keys, cfg)
     trace = jax.tree.map(np.asarray, trace)
     n, m = evaluator.problem.n_rows, evaluator.problem.n_cols  # the real orders: the pads come after them

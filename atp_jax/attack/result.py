@@ -9,12 +9,12 @@ from __future__ import annotations
 import dataclasses
 import time
 
-import jax.numpy as jnp
 import numpy as np
 
 from atp_jax.attack.problem import AttackProblem, hard_losses
 from atp_jax.inference.qa import answer_losses
 from atp_jax.models.loading import LoadedModel
+from atp_jax.sharding import place_batch
 from atp_jax.tables.table import Table
 
 
@@ -80,8 +80,8 @@ class Evaluator:
             values = hard_losses(
                 self.loaded.model,
                 self.problem.tensors,
-                jnp.asarray(rows),
-                jnp.asarray(cols),
+                place_batch(rows, self.loaded.mesh),  # the orders split over the mesh's data axis
+                place_batch(cols, self.loaded.mesh),
                 objective=self.problem.objective,
             )
             out.append(np.asarray(values)[:real])

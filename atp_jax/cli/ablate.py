@@ -20,10 +20,10 @@ from pathlib import Path
 
 from absl import flags
 
-import atp_jax
 from atp_jax.attack.presets import PRESETS, canonical, one_option_changes, preset
 from atp_jax.cli import selection
 from atp_jax.cli.console import run_app, tag_process, tagged
+from atp_jax.cli.model_flags import load_model_from_flags
 from atp_jax.distributed import maybe_initialize
 from atp_jax.runs.ablation import option_rows, plot_sweeps, sweep_overrides, sweep_rows
 from atp_jax.runs.folders import merge_records, results_files
@@ -147,10 +147,7 @@ def main(argv):
         process_index,
         process_count,
     )
-    try:
-        model = atp_jax.load_model(FLAGS.model)
-    except (ValueError, OSError) as e:  # a corrupt or truncated file, a config the decoder cannot take
-        sys.exit(f"--model {FLAGS.model}: {e}")
+    model = load_model_from_flags()
 
     jobs = [
         Job(folders[p], name, config, tracking_name=f"{p}/{name}")
@@ -181,6 +178,9 @@ def main(argv):
     if process_index != 0:
         return  # process 0 writes the tables and the figure: the others would race it for the same files
 
+    if process_index != 0:  # process 0 writes the report, over every shard
+        print(f"shard {process_index} of {process_count} done; process 0 writes {out / 'ablation.md'}")
+        return
     # Every shard in the folders: the table covers whatever all processes have recorded so far.
     rows = {p: sweep_rows(merge_records(results_files(out / p)), p) for p in sweeps if p != "options"}
     sections = [f"### {FLAGS.attack}: {p} sweep\n\n{markdown_table(r)}" for p, r in rows.items()]

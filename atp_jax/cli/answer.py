@@ -15,6 +15,7 @@ from absl import flags
 from tqdm import tqdm
 
 import atp_jax
+from atp_jax.cli import model_flags
 from atp_jax.cli.console import run_app
 from atp_jax.data.datasets import load_dataset
 from atp_jax.eval.scoring import score
@@ -22,7 +23,7 @@ from atp_jax.inference.qa import answers
 from atp_jax.tables.linearize import STYLES
 from atp_jax.tables.prompt import PromptStyle
 
-_MODEL = flags.DEFINE_string("model", atp_jax.DEFAULT_MODEL, "Zoo name, HF model directory or .gguf file.")
+model_flags.define_model_flags(atp_jax.DEFAULT_MODEL)
 _QUESTION = flags.DEFINE_string("question", "Who scored the most goals?", "Question about the table.")
 _TABLE = flags.DEFINE_string(
     "table",
@@ -43,7 +44,7 @@ _MAX_NEW_TOKENS = flags.DEFINE_integer("max_new_tokens", None, "Generation budge
 
 def main(argv):
     del argv
-    model = atp_jax.load_model(_MODEL.value)
+    model = model_flags.load_model_from_flags()
     print(f"loaded {model.name} in {model.load_seconds:.1f} s")
     style = PromptStyle(linearization=_STYLE.value, reasoning=_REASONING.value)
     if _DATASET.value is None:

@@ -13,6 +13,7 @@ separately.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 import json
 import resource
@@ -23,37 +24,43 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import app, flags, logging
+from flax import nnx
 
 import atp_jax
+from atp_jax.cli import model_flags
 from atp_jax.cli.console import run_app
 from atp_jax.models.architectures import parameter_counts
 from atp_jax.models.params import export_hf
+from atp_jax.sharding import describe, device_bytes, place_batch
 
 # Each name selects a group of timed runs (``matmul_peak`` times two sizes, ``atp_steps`` seven runs).
-VARIANTS = ("fwd", "fwd_bwd", "torch_fwd_bwd", "torch_compile_fwd_bwd", "matmul_peak", "atp_steps", "attack_example")
+VARIANTS = (
+    "fwd",
+    "fwd_bwd",
+    "torch_fwd_bwd",
+    "torch_compile_fwd_bwd",
+    "matmul_peak",
+    "atp_step",
+    "atp_steps",
+    "attack_example",
+)
 TORCH_VARIANTS = ("torch_fwd_bwd", "torch_compile_fwd_bwd")
-ATTACK_VARIANTS = ("atp_steps", "attack_example")  # these build a text prompt, so they need a tokenizer
+ATTACK_VARIANTS = ("atp_step", "atp_steps", "attack_example")  # these build a text prompt: they need a tokenizer
 MATMUL_SIZES = (2048, 4096)
 
-_MODEL = flags.DEFINE_string(
-    "model",
-    atp_jax.DEFAULT_MODEL,
-    "Zoo name, HF model directory, .gguf file or config:<architecture> (random weights).",
-)
+model_flags.define_model_flags(atp_jax.DEFAULT_MODEL)
 _VARIANTS = flags.DEFINE_list("variants", list(VARIANTS), f"Variants to run: {', '.join(VARIANTS)}.")
 _TOKENS = flags.DEFINE_integer("tokens", 256, "Prompt length.")
 _ANSWER_TOKENS = flags.DEFINE_integer("answer_tokens", 8, "Positions that get logits / loss.")
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed runs per variant (median reported).")
-_DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Parameter (and matmul_peak) dtype.")
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Also write the figures as JSON here.")
 _ATTACK = flags.DEFINE_bool("attack", True, "Run the attack variants (atp_steps, attack_example) when selected.")
 _ROWS = flags.DEFINE_integer("rows", 10, "Data rows of the synthetic attack table.")
 _COLS = flags.DEFINE_integer("cols", 5, "Columns of the synthetic attack table.")
-_RESTARTS = flags.DEFINE_integer("restarts", 4, "R of the multi-restart ATP variant (atp_r<R>), compared with R = 1.")
-_ATTACK_PRESET = flags.DEFINE_string("attack_preset", "paper", "Preset of the whole attack timed by attack_example.")
-_TOKENIZER = flags.DEFINE_string(
-    "tokenizer", None, "HF tokenizer directory replacing the model's own (a config: model's zoo tokenizer, offline)."
+_RESTARTS = flags.DEFINE_integer(
+    "restarts", 4, "R of the multi-restart ATP variants (atp_r<R>, compared with R = 1, and atp_step_r<R>)."
 )
+_ATTACK_PRESET = flags.DEFINE_string("attack_preset", "paper", "Preset of the whole attack timed by attack_example.")
 _NEW_TOKENS = flags.DEFINE_integer("new_tokens", 32, "Greedy tokens per generation run (attack_example).")
 _PROFILE_DIR = flags.DEFINE_string(
     "profile_dir", None, "Write a jax.profiler trace of one extra, untimed round of all variants here."
@@ -76,6 +83,66 @@ def _selected_variants(torch_available: bool) -> list[str]:
             print("PyTorch is not installed: skipping", ", ".join(wanted))
         selected = [v for v in selected if v not in TORCH_VARIANTS]
     return selected
+
+
+def _weight_figures(loaded) -> dict:
+    """The weights' size and the most any one device holds of them (GB = 1e9 bytes)."""
+    state = nnx.state(loaded.model)
+    total = sum(leaf.nbytes for leaf in jax.tree.leaves(state))
+    per_device = device_bytes(state)
+    return {
+        "mesh_devices": len(per_device),
+        "weights_gb": total / 1e9,
+        "weights_per_device_gb_max": max(per_device.values()) / 1e9,
+        "weights_per_device_over_total": max(per_device.values()) / total,
+    }
+
+
+def _step_memory(loaded, problem, restarts: int) -> dict:
+    """Per-device memory of one ATP step with ``restarts`` restarts, from XLA's buffer assignment of the
+    compiled program (per device on a mesh): its arguments (weight shards, the example's tensors), outputs and
+    temporaries."""
+    from atp_jax.attack.atp import _run_atp, _settings
+    from atp_jax.attack.presets import preset
+
+    cfg = dataclasses.replace(preset("paper"), n_attack=1, restarts=restarts)
+    keys = place_batch(jax.random.split(jax.random.key(0), restarts), loaded.mesh)
+    compiled = _run_atp.lower(
+        loaded.model,
+        problem.tensors,
+        keys,
+        _settings(cfg),
+        n_attack=1,
+        sinkhorn_iters=cfg.sinkhorn_iters,
+        objective=cfg.objective,
+        hungarian=cfg.hungarian,
+    ).compile()
+    analysis = compiled.memory_analysis()
+    out = {}
+    if analysis is not None:
+        peak = (
+            analysis.argument_size_in_bytes
+            + analysis.output_size_in_bytes
+            + analysis.temp_size_in_bytes
+            - analysis.alias_size_in_bytes
+        )
+        total = sum(leaf.nbytes for leaf in jax.tree.leaves(nnx.state(loaded.model)))
+        out.update(
+            {
+                f"atp_r{restarts}_step_device_arguments_gb": analysis.argument_size_in_bytes / 1e9,
+                f"atp_r{restarts}_step_device_temp_gb": analysis.temp_size_in_bytes / 1e9,
+                f"atp_r{restarts}_step_device_peak_gb": peak / 1e9,
+                f"atp_r{restarts}_step_device_peak_over_weights": peak / total,
+            }
+        )
+    return out
+
+
+def _measured_device_peak() -> dict:
+    """The largest peak memory any local device reports (GPU, TPU; the CPU backend reports none)."""
+    stats = [d.memory_stats() for d in jax.local_devices()]
+    measured = [s["peak_bytes_in_use"] for s in stats if s and "peak_bytes_in_use" in s]
+    return {"device_peak_bytes_in_use_gb_max": max(measured) / 1e9} if measured else {}
 
 
 def _synthetic_example():
@@ -184,7 +251,7 @@ def _torch_variants(loaded, ids, targets, selected, model=None, job="fwd_bwd"):
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[_DTYPE.value]
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[flags.FLAGS.dtype]
     if model is None:
         model = _torch_model(loaded, device, dtype)
     S, P = ids.shape[1], targets.shape[1]
@@ -211,7 +278,19 @@ def _torch_variants(loaded, ids, targets, selected, model=None, job="fwd_bwd"):
     return runs, f"{device}, attention {model.config._attn_implementation}", model
 
 
-def _attack_step_variants(loaded, example):
+def _one_step_variant(loaded, problem) -> dict:
+    """``atp_step_r<R>``: one step of the paper's recipe with ``--restarts`` restarts (host Hungarian), the unit
+    of an attack's cost."""
+    from atp_jax.attack.atp import run_atp
+    from atp_jax.attack.presets import preset
+
+    cfg = dataclasses.replace(preset("paper"), n_attack=1, restarts=_RESTARTS.value)
+    keys = place_batch(jax.random.split(jax.random.key(0), cfg.restarts), loaded.mesh)
+    run = functools.partial(run_atp, loaded.model, problem.tensors, keys, cfg)
+    return {f"atp_step_r{cfg.restarts}": lambda: jax.block_until_ready(run())}
+
+
+def _attack_step_variants(loaded, problem):
     """ATP runs of 1 and 5 steps (R = 1 and ``--restarts``, host and device Hungarian) and the plain whole-prompt
     forward+backward of the same unpermuted prompt, the yardstick of one step.
 
@@ -220,9 +299,7 @@ def _attack_step_variants(loaded, example):
     """
     from atp_jax.attack.atp import run_atp
     from atp_jax.attack.presets import preset
-    from atp_jax.attack.problem import make_problem
 
-    problem = make_problem(loaded, example, buckets=None)  # exact sizes: the same tokens as the yardstick
     layout = problem.layout
     ids = jnp.asarray(layout.ids())[None]
     S = ids.shape[1]
@@ -241,7 +318,7 @@ def _attack_step_variants(loaded, example):
     for name, restarts, hungarian in runs:
         for steps in (1, 5):
             cfg = dataclasses.replace(base, n_attack=steps, restarts=restarts, hungarian=hungarian)
-            keys = jax.random.split(jax.random.key(0), restarts)
+            keys = place_batch(jax.random.split(jax.random.key(0), restarts), loaded.mesh)
             variants[f"{name}_{steps}steps"] = lambda cfg=cfg, keys=keys: jax.block_until_ready(
                 run_atp(loaded.model, problem.tensors, keys, cfg)
             )
@@ -319,14 +396,15 @@ def _round(value):
 def main(argv):
     del argv
     selected = _selected_variants(importlib.util.find_spec("torch") is not None)
-    dtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[_DTYPE.value]
-    if _RESTARTS.value < 2:
-        raise app.UsageError(f"--restarts {_RESTARTS.value}: the multi-restart variant needs R >= 2")
+    dtype = model_flags.DTYPES[flags.FLAGS.dtype]
+    if _RESTARTS.value < 2 and "atp_steps" in selected:
+        raise app.UsageError(f"--restarts {_RESTARTS.value}: atp_steps' multi-restart variant needs R >= 2")
     try:
         atp_jax.preset(_ATTACK_PRESET.value)  # an unknown name stops here, before the model loads
     except ValueError as e:
         raise app.UsageError(f"--attack_preset: {e}") from e
-    loaded = atp_jax.load_model(_MODEL.value, dtype=dtype, tokenizer=_TOKENIZER.value)
+    mesh = model_flags.check_model_flags()
+    loaded = model_flags.load_model_from_flags(mesh=mesh)
     peak_rss_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     if loaded.tokenizer is None and any(v in selected for v in ATTACK_VARIANTS):
         print(f"{loaded.name} has no tokenizer: skipping", ", ".join(v for v in ATTACK_VARIANTS if v in selected))
@@ -338,12 +416,14 @@ def main(argv):
     figures = {
         "model": loaded.name,
         "source": loaded.source,
-        "dtype": _DTYPE.value,
+        "dtype": flags.FLAGS.dtype,
+        "mesh": describe(mesh),
         "tokens": _TOKENS.value,
         "answer_tokens": _ANSWER_TOKENS.value,
         "devices": str(jax.devices()),
         "load_s": round(loaded.load_seconds, 2),
         "peak_rss_after_load_gib": round(peak_rss_gib, 2),
+        **_weight_figures(loaded),
     }
     variants, matmul_flops = {}, {}
     variants.update({n: run for n, run in _jax_variants(loaded.model, ids, targets).items() if n in selected})
@@ -359,10 +439,17 @@ def main(argv):
         example = _synthetic_example()
         figures["attack_table"] = f"{_ROWS.value}x{_COLS.value}"
         figures["attack_preset"] = _ATTACK_PRESET.value
+        if "atp_step" in selected or "atp_steps" in selected:
+            from atp_jax.attack.problem import make_problem
+
+            problem = make_problem(loaded, example, buckets=None)  # exact sizes: the same tokens as the yardstick
+            figures["attack_prompt_tokens"] = problem.layout.seq_length
+            figures.update(_step_memory(loaded, problem, _RESTARTS.value))
+        if "atp_step" in selected:
+            variants.update(_one_step_variant(loaded, problem))
         if "atp_steps" in selected:
-            more, prompt_ids, answer_ids = _attack_step_variants(loaded, example)
+            more, prompt_ids, answer_ids = _attack_step_variants(loaded, problem)
             variants.update(more)
-            figures["attack_prompt_tokens"] = prompt_ids.shape[1]
             if torch_selected:  # torch doing one step's work on the attack prompt: the comparison users make
                 more, _, _ = _torch_variants(
                     loaded, prompt_ids, answer_ids, torch_selected, torch_model, job="prompt_fwd_bwd"
@@ -396,6 +483,7 @@ def main(argv):
         figures[f"{name}_median_s"] = medians[name]
         figures[f"{name}_first_call_s"] = first_call_s[name]
     figures.update(_derived_figures(loaded, medians, first, matmul_flops))
+    figures.update(_measured_device_peak())
     figures = {key: _round(value) for key, value in figures.items()}
 
     print("| variant | first call (s) | median (s) | min (s) |\n|---|---|---|---|")

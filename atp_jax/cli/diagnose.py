@@ -28,7 +28,7 @@ from tqdm import tqdm
 import atp_jax
 from atp_jax.attack.presets import PRESETS, preset
 from atp_jax.attack.problem import AttackInputError
-from atp_jax.cli import selection
+from atp_jax.cli import model_flags, selection
 from atp_jax.cli.console import run_app
 from atp_jax.diagnostics.attention import diagnose
 from atp_jax.diagnostics.summary import diagnosis_json, plot_heatmaps, plot_layers, summarize_pairs, summary_markdown
@@ -74,6 +74,7 @@ def main(argv):
     try:
         identity = {
             **model_fingerprint(FLAGS.model),
+            **model_flags.identity(),
             **dataset_fingerprint(FLAGS.dataset, FLAGS.split, FLAGS.data_dir),
             "style": style.as_dict(),
             "attack": FLAGS.attack,
@@ -86,7 +87,12 @@ def main(argv):
             provenance(sys.argv),
             flags_text=FLAGS.flags_into_string(),
             restart=FLAGS.restart,
-            extra={"examples": len(examples), "selection": selection.manifest(), **environment()},
+            extra={
+                "examples": len(examples),
+                "selection": selection.manifest(),
+                **model_flags.manifest(model_flags.check_model_flags()),
+                **environment(),
+            },
         )
     except (ManifestMismatch, ValueError) as e:
         sys.exit(str(e))
@@ -95,10 +101,7 @@ def main(argv):
     todo = [e for e in examples if e.id not in done]
     model_name = identity["model"]
     if todo:  # with every example recorded, a rerun only redraws the summary and figures: no model needed
-        try:
-            model = atp_jax.load_model(FLAGS.model)
-        except (ValueError, OSError) as e:
-            sys.exit(f"--model {FLAGS.model}: {e}")
+        model = model_flags.load_model_from_flags()
         model_name = model.name
     for example in tqdm(todo, desc="diagnosing"):
         if example.id in recorded:

@@ -19,18 +19,18 @@ import sys
 
 from absl import flags
 
-import atp_jax
 from atp_jax.attack.presets import ATTACK_GROUPS, PRESETS, attack_names, canonical, preset
 from atp_jax.cli import selection
 from atp_jax.cli.console import run_app, tag_process, tagged
+from atp_jax.cli.model_flags import load_model_from_flags
 from atp_jax.defense.smoothing import SmoothingConfig
 from atp_jax.distributed import maybe_initialize
 from atp_jax.eval.judge import PAPER_JUDGE_PROMPT, ModelJudge, OpenAICompatibleJudge
 from atp_jax.eval.scoring import Scorer, metric_names
 from atp_jax.models.loading import DEFAULT_MODEL
 from atp_jax.runs.defense_report import defense_table
+from atp_jax.runs.folders import merge_records, results_files
 from atp_jax.runs.loop import Job, pending, run_pending
-from atp_jax.runs.records import read_records
 from atp_jax.runs.report import compile_rows, markdown_table, summarize
 from atp_jax.tables.linearize import STYLES
 from atp_jax.tables.prompt import ANSWER_FORMATS, PromptStyle
@@ -234,14 +234,11 @@ def main(argv):
         process_count,
     )
 
-    try:
-        model = atp_jax.load_model(FLAGS.model)
-    except (ValueError, OSError) as e:  # a corrupt or truncated file, a config the decoder cannot take
-        sys.exit(f"--model {FLAGS.model}: {e}")
+    model = load_model_from_flags()
     judge = judge_url
     if FLAGS.judge_model:
         same = FLAGS.judge_model == FLAGS.model
-        judge = ModelJudge.from_model(model if same else atp_jax.load_model(FLAGS.judge_model))
+        judge = ModelJudge.from_model(model if same else load_model_from_flags(FLAGS.judge_model, model.mesh))
     scorer = Scorer(tuple(FLAGS.metrics), judge)
 
     jobs = [Job(folder, name, config) for name, config in configs.items()]
@@ -273,9 +270,9 @@ def main(argv):
         sink.close()
     if process_index != 0:
         return  # process 0 prints the tables: one copy per process would bury a shared log
-    records = [r for r in read_records(folder.results_file) if "skipped" not in r]
+    records = [r for r in merge_records(results_files(folder.path)) if "skipped" not in r]
     if process_count > 1:
-        print(f"Process 0's shard (1 of {process_count}; atp-report --results {FLAGS.output_dir} merges them all):")
+        print(f"Every shard of {folder.path} recorded so far (atp-report --results {folder.path} when all are done):")
     print(markdown_table(summarize(records)))
     compiles = compile_rows(records)
     if compiles:

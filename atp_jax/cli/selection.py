@@ -16,6 +16,8 @@ from pathlib import Path
 
 from absl import flags, logging
 
+from atp_jax.cli import model_flags
+from atp_jax.cli.model_flags import define_model_flags
 from atp_jax.compilation import compile_totals, disable_persistent_cache, enable_persistent_cache
 from atp_jax.data.datasets import DatasetUnavailableError
 from atp_jax.data.order_filter import DEFAULT_ORDER_FILTER, ORDER_FILTERS
@@ -113,9 +115,10 @@ def manifest() -> dict:
 
 
 def define_run_flags(model: str, output_dir: str, memory_budget: bool = True, tracking: bool = False) -> None:
-    """``--model --output_dir --restart`` (and with ``memory_budget`` ``--memory_budget_gb``, with ``tracking``
-    ``--tensorboard_dir --wandb_project``), with this binary's defaults."""
-    flags.DEFINE_string("model", model, "Zoo name, HF model directory or .gguf file.")
+    """``--model --dtype --tokenizer --mesh`` (``atp_jax.cli.model_flags``), ``--output_dir --restart`` (and with
+    ``memory_budget`` ``--memory_budget_gb``, with ``tracking`` ``--tensorboard_dir --wandb_project``), with this
+    binary's defaults."""
+    define_model_flags(model)
     flags.DEFINE_string("output_dir", output_dir, "Where this run's records, run.json and flags.txt go.")
     flags.DEFINE_bool(
         "restart",
@@ -229,6 +232,7 @@ def open_folder(
     try:
         full_identity = {
             **model_fingerprint(FLAGS.model),
+            **model_flags.identity(),
             **dataset_fingerprint(FLAGS.dataset, FLAGS.split, FLAGS.data_dir),
             **identity,
         }
@@ -239,7 +243,13 @@ def open_folder(
             flags_text=FLAGS.flags_into_string(),
             restart=FLAGS.restart,
             # where the model was loaded from (not identity: a moved file is the same model), for transfer.py
-            extra={"examples": num_examples, "selection": manifest(), "model_source": FLAGS.model, **environment()},
+            extra={
+                "examples": num_examples,
+                "selection": manifest(),
+                "model_source": FLAGS.model,
+                **model_flags.manifest(model_flags.check_model_flags()),
+                **environment(),
+            },
         )
     except (ManifestMismatch, ValueError) as e:
         sys.exit(str(e))

@@ -25,12 +25,12 @@ import numpy as np
 from absl import flags
 from tqdm import tqdm
 
-import atp_jax
 from atp_jax.attack.problem import AttackInputError, make_problem
 from atp_jax.attack.result import Evaluator
 from atp_jax.attack.search import swap_rank_correlation
 from atp_jax.cli import selection
 from atp_jax.cli.console import run_app
+from atp_jax.cli.model_flags import load_model_from_flags
 from atp_jax.inference.qa import InputTooLong
 from atp_jax.runs.folders import load_run
 from atp_jax.runs.records import read_records
@@ -124,10 +124,7 @@ def main(argv):
     todo = [ex for ex in examples if ex.id not in done]
     print(f"{len(examples)} examples: {len(done & {ex.id for ex in examples})} recorded, {len(todo)} to run")
     if todo:
-        try:
-            model = atp_jax.load_model(FLAGS.model)
-        except (ValueError, OSError) as e:
-            sys.exit(f"--model {FLAGS.model}: {e}")
+        model = load_model_from_flags()
         for example in tqdm(todo, desc="swaps"):
             start = time.perf_counter()
             try:

@@ -18,8 +18,7 @@ from pathlib import Path
 from absl import flags
 from tqdm import tqdm
 
-import atp_jax
-from atp_jax.cli import selection
+from atp_jax.cli import model_flags, selection
 from atp_jax.cli.console import run_app, tag_process, tagged
 from atp_jax.data.datasets import load_dataset
 from atp_jax.distributed import MODES, maybe_initialize
@@ -33,8 +32,8 @@ from atp_jax.tables.linearize import STYLES
 from atp_jax.tables.prompt import PromptStyle
 
 flags.DEFINE_string("results", None, "The results folder whose orders are replayed.")
-flags.DEFINE_string(
-    "model", None, "Target model: zoo name, HF directory or .gguf (default: the source's, where it was loaded from)."
+model_flags.define_model_flags(
+    None, "Target model: zoo name, HF directory, .gguf or hub id (default: the source's, where it was loaded from)."
 )
 flags.DEFINE_enum("style", None, list(STYLES), "Target table linearization (default: the source's).")
 flags.DEFINE_enum("reasoning", None, ["concise", "step_by_step"], "Target answer style (default: the source's).")
@@ -119,6 +118,7 @@ def main(argv):
     try:
         identity = {
             **model_fingerprint(target),
+            **model_flags.identity(),
             **dataset_fingerprint(dataset, split, FLAGS.data_dir),
             "style": style.as_dict(),
             "generate": FLAGS.generate,
@@ -132,14 +132,11 @@ def main(argv):
             provenance(sys.argv),
             flags_text=FLAGS.flags_into_string(),
             restart=FLAGS.restart,
-            extra={"examples": len(ids), **environment()},
+            extra={"examples": len(ids), **model_flags.manifest(model_flags.check_model_flags()), **environment()},
         )
     except (ManifestMismatch, ValueError) as e:
         sys.exit(str(e) if FLAGS.model else f"{e} (the source's model; pass --model to name its file)")
-    try:
-        model = atp_jax.load_model(target)
-    except (ValueError, OSError) as e:
-        sys.exit(f"--model {target}: {e}")
+    model = model_flags.load_model_from_flags(target)
 
     done = folder.done_keys()
     by_id = {i: [r for r in records if r["id"] == i and (i, r["attack"]) not in done] for i in ids}

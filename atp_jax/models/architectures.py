@@ -3,7 +3,8 @@
 ``load_model("config:<name>")`` builds one of these with random weights, so a benchmark can size up a
 Llama-3.1-8B step on a machine that holds no checkpoint. The values are those of the public
 ``config.json`` files of the base models (the instruct variants share the architecture). Only the shapes
-matter for speed: random weights and a stand-in tokenizer change no timing.
+matter for speed: random weights and a stand-in tokenizer change no timing. ``tiny-llama`` is no published
+model: a test-sized decoder over SmolLM2's vocabulary.
 """
 
 from __future__ import annotations
@@ -79,6 +80,21 @@ _ARCHITECTURES: dict[str, dict[str, Any]] = {
         "bos_token_id": 151643,
         "eos_token_id": 151643,
     },
+    "qwen2.5-3b": {
+        "model_type": "qwen2",
+        "vocab_size": 151936,
+        "hidden_size": 2048,
+        "intermediate_size": 11008,
+        "num_hidden_layers": 36,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 2,
+        "rope_theta": 1000000.0,
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 32768,
+        "tie_word_embeddings": True,
+        "bos_token_id": 151643,
+        "eos_token_id": 151643,
+    },
     "qwen2.5-0.5b": {
         "model_type": "qwen2",
         "vocab_size": 151936,
@@ -105,6 +121,24 @@ _ARCHITECTURES: dict[str, dict[str, Any]] = {
         "rope_theta": 100000.0,
         "rms_norm_eps": 1e-5,
         "max_position_embeddings": 8192,
+        "tie_word_embeddings": True,
+        "attention_bias": False,
+        "bos_token_id": 0,
+        "eos_token_id": 0,
+    },
+    # Test-sized (not a published model): SmolLM2's vocabulary, 4 query heads over 2 KV heads, so meshes with
+    # model=2 or 4 split the heads and, at 4, must replicate the KV heads.
+    "tiny-llama": {
+        "model_type": "llama",
+        "vocab_size": 49152,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "rope_theta": 10000.0,
+        "rms_norm_eps": 1e-5,
+        "max_position_embeddings": 2048,
         "tie_word_embeddings": True,
         "attention_bias": False,
         "bos_token_id": 0,

@@ -55,7 +55,15 @@ _QWEN2_SPLIT = (
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
-SUPPORTED_PRE_TOKENIZERS = ("qwen2", "smollm")
+# Llama 3's split (tiktoken's cl100k pattern): digits in runs of up to three, a leading space glued to a word.
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+# llama.cpp's names of Llama 3's pre-tokenizer (llama-bpe is what its converter writes).
+_LLAMA3_NAMES = ("llama-bpe", "llama3", "llama-v3")
+
+SUPPORTED_PRE_TOKENIZERS = ("qwen2", "smollm", *_LLAMA3_NAMES)
 
 # llama.cpp token types (tokenizer.ggml.token_type), see llama_token_type in llama.h.
 _TOKEN_TYPE_CONTROL = 3
@@ -473,6 +481,13 @@ def _pre_tokenization(pre: str, path: Path) -> tuple[normalizers.Normalizer | No
                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
             ]
         )
+    if pre in _LLAMA3_NAMES:
+        return None, pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), behavior="isolated", invert=False),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
     raise ValueError(
         f"unsupported tokenizer.ggml.pre {pre!r} in {path}; supported: {', '.join(SUPPORTED_PRE_TOKENIZERS)}"
     )
@@ -484,10 +499,11 @@ def load_gguf_tokenizer(path: str | os.PathLike[str]) -> PreTrainedTokenizerFast
     Built with the ``tokenizers`` library from ``tokenizer.ggml.tokens`` / ``merges`` /
     ``token_type``: control tokens (type 3, e.g. ``<|im_end|>``) become special tokens and
     user-defined ones (type 4, e.g. ``<tool_call>``) plain added tokens, so both are matched whole.
-    The pre-tokenizer follows ``tokenizer.ggml.pre``. ``chat_template`` comes from
-    ``tokenizer.chat_template``, so ``apply_chat_template`` works (it needs jinja2). BOS/EOS are
-    added to encodings only when ``tokenizer.ggml.add_bos_token`` / ``add_eos_token`` say so (both
-    supported models say no; their chat templates write the markers themselves).
+    The pre-tokenizer follows ``tokenizer.ggml.pre``: Qwen2's, SmolLM2's, or Llama 3's (``llama-bpe``).
+    ``chat_template`` comes from ``tokenizer.chat_template``, so ``apply_chat_template`` works (it needs
+    jinja2). BOS/EOS are added to encodings only when ``tokenizer.ggml.add_bos_token`` / ``add_eos_token``
+    say so (both zoo models say no, their chat templates write the markers themselves; Llama 3 files say
+    yes for BOS).
 
     Returns:
         ``transformers.PreTrainedTokenizerFast`` with bos/eos/pad/unk tokens set from the metadata.
@@ -503,7 +519,8 @@ def load_gguf_tokenizer(path: str | os.PathLike[str]) -> PreTrainedTokenizerFast
         raise ValueError(
             f"unsupported tokenizer.ggml.model {model!r} in {path}; only byte-level BPE ('gpt2') is supported"
         )
-    normalizer, pre_tokenizer = _pre_tokenization(_meta(reader, "tokenizer.ggml.pre", path), path)
+    pre = _meta(reader, "tokenizer.ggml.pre", path)
+    normalizer, pre_tokenizer = _pre_tokenization(pre, path)
     tokens: list[str] = _meta(reader, "tokenizer.ggml.tokens", path)
     merges = []
     for merge in _meta(reader, "tokenizer.ggml.merges", path):
@@ -517,7 +534,11 @@ def load_gguf_tokenizer(path: str | os.PathLike[str]) -> PreTrainedTokenizerFast
         raise _corrupt(path, f"{len(tokens)} tokens but {len(token_types)} token types")
 
     vocab = {token: index for index, token in enumerate(tokens)}
-    backend = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
+    # Llama 3 (tiktoken) takes a whole pre-token that is in the vocabulary as it is, before any merge, as its
+    # tokenizer.json (ignore_merges) and llama.cpp do.
+    backend = Tokenizer(
+        models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False, ignore_merges=pre in _LLAMA3_NAMES)
+    )
     if normalizer is not None:
         backend.normalizer = normalizer
     backend.pre_tokenizer = pre_tokenizer

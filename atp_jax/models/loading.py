@@ -1,5 +1,5 @@
-"""``load_model(spec)``: a zoo name, an HF model directory, a ``.gguf`` file or ``config:<architecture>``
-(random weights, for benchmarks) -> a ready model."""
+"""``load_model(spec)``: a zoo name, an HF model directory, a ``.gguf`` file, a Hugging Face Hub id or
+``config:<architecture>`` (random weights, for benchmarks) -> a ready model, on one device or a mesh."""
 
 from __future__ import annotations
 
@@ -11,10 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import jax.numpy as jnp
+from jax.sharding import Mesh
 
-from atp_jax.models import architectures, gguf, params, zoo
+from atp_jax.models import architectures, gguf, hub, params, zoo
 from atp_jax.models.config import ModelConfig
-from atp_jax.models.modeling import Transformer, random_model
+from atp_jax.models.modeling import Transformer
+from atp_jax.sharding import make_mesh
 
 DEFAULT_MODEL = "qwen2.5-coder-0.5b-instruct"
 # Turn terminators besides the config's EOS: chat models end an answer with these.
@@ -37,6 +39,11 @@ class LoadedModel:
         return self.model.dtype
 
     @property
+    def mesh(self) -> Mesh | None:
+        """The device mesh the weights live on (``atp_jax.sharding``); None: one device."""
+        return self.model.mesh
+
+    @property
     def stop_token_ids(self) -> tuple[int, ...]:
         """Ids that end a generated answer: the config's EOS plus the tokenizer's turn terminators."""
         ids = set(self.config.eos_token_ids)
@@ -49,8 +56,14 @@ class LoadedModel:
         return tuple(sorted(ids))
 
 
-def load_model(spec: str | Path = DEFAULT_MODEL, dtype=jnp.float32, tokenizer: str | Path | None = None) -> LoadedModel:
-    """Loads a model by zoo name (see ``atp_jax.models.zoo.list_models()``), HF directory or GGUF path.
+def load_model(
+    spec: str | Path = DEFAULT_MODEL,
+    dtype=jnp.float32,
+    tokenizer: str | Path | None = None,
+    mesh: Mesh | str | None = None,
+) -> LoadedModel:
+    """Loads a model by zoo name (see ``atp_jax.models.zoo.list_models()``), HF directory, GGUF path or Hugging
+    Face Hub id (``org/name``: safetensors, config and tokenizer downloaded once, see ``atp_jax.models.hub``).
 
     ``config:<name>`` (see ``atp_jax.models.architectures.list_architectures()``) builds that
     architecture with random weights (seed 0), for speed and memory measurements.
@@ -58,20 +71,29 @@ def load_model(spec: str | Path = DEFAULT_MODEL, dtype=jnp.float32, tokenizer: s
     ``dtype`` is the parameter dtype (``jnp.float32`` or ``jnp.bfloat16``); norms, softmax and logits
     are float32 either way. ``tokenizer``, an HF tokenizer directory, replaces the model's own (for a
     ``config:`` model: its family's zoo tokenizer, which an offline machine may not have).
+
+    ``mesh``: a ``jax.sharding.Mesh`` with axes ``data`` and ``model`` or its ``--mesh`` string
+    (``"data=2,model=4"``, see ``atp_jax.sharding.make_mesh``); the weights are split over ``model``
+    (tensor-parallel) and copied along ``data``, each device receiving only its shards. None: one device.
     """
     start = time.perf_counter()
+    if isinstance(mesh, str):
+        mesh = make_mesh(mesh)
     spec_str = str(spec)
     replacement = _hf_tokenizer(Path(tokenizer).expanduser()) if tokenizer is not None else None
     if spec_str.startswith(architectures.CONFIG_PREFIX):
-        return _random_weights_model(spec_str, dtype, start, replacement, tokenizer)
+        return _random_weights_model(spec_str, dtype, start, replacement, tokenizer, mesh)
     path = Path(spec_str).expanduser()
+    from_hub = False
     if spec_str in zoo.list_models():
         path = zoo.resolve(spec_str)
+    elif hub.is_hub_id(spec_str):
+        path, from_hub = hub.fetch(spec_str), True
     elif not path.exists():
         raise ValueError(
             f"unknown model {spec_str!r}: not a zoo name ({', '.join(zoo.list_models())}), "
-            f"an HF model directory, a .gguf file or {architectures.CONFIG_PREFIX}<name> "
-            f"({', '.join(architectures.list_architectures())})"
+            f"an HF model directory, a .gguf file, a Hugging Face Hub id (org/name) or "
+            f"{architectures.CONFIG_PREFIX}<name> ({', '.join(architectures.list_architectures())})"
         )
 
     if path.is_file() and path.suffix == ".gguf":
@@ -80,24 +102,26 @@ def load_model(spec: str | Path = DEFAULT_MODEL, dtype=jnp.float32, tokenizer: s
         tokenizer = replacement or gguf.load_gguf_tokenizer(path)
         blocks = gguf.iter_gguf_row_blocks(path, hf_config)
         gguf.clear_cache()  # the parsed metadata is done with: free it before the weights arrive
-        model = params.build_model_from_blocks(config, blocks, dtype, source=str(path))
+        model = params.build_model_from_blocks(config, blocks, dtype, source=str(path), mesh=mesh)
     elif path.is_dir():
         config_file = path / "config.json"
         if not config_file.exists():
             raise ValueError(f"{path}: an HF model directory needs config.json")
         config = ModelConfig.from_hf(json.loads(config_file.read_text()), source=str(config_file))
-        model = params.build_model(config, params.iter_safetensors(path), dtype, source=str(path))
+        model = params.build_model(config, params.iter_safetensors(path), dtype, source=str(path), mesh=mesh)
         tokenizer = replacement or _hf_tokenizer(path)
     else:
         raise ValueError(f"{path}: expected a .gguf file or an HF model directory")
     if spec_str in zoo.list_models():  # the name pins the file (sha256); the cache path is this machine's
         name, source = spec_str, f"zoo:{spec_str}"
+    elif from_hub:
+        name, source = spec_str, f"hub:{spec_str}@{hub.revision_of(path)}"
     else:
         name, source = path.name, str(path)
     return LoadedModel(name, config, model, tokenizer, source, time.perf_counter() - start)
 
 
-def _random_weights_model(spec: str, dtype, start: float, replacement, tokenizer_dir) -> LoadedModel:
+def _random_weights_model(spec: str, dtype, start: float, replacement, tokenizer_dir, mesh) -> LoadedModel:
     """A named architecture with seeded random weights and its family's zoo tokenizer.
 
     Only token ids matter for speed, so a smaller tokenizer of the same family stands in for the real
@@ -124,7 +148,7 @@ def _random_weights_model(spec: str, dtype, start: float, replacement, tokenizer
                 "pass tokenizer=<HF tokenizer directory>",
                 stacklevel=3,
             )
-    model = random_model(config, seed=0, dtype=dtype)
+    model = params.random_model(config, seed=0, dtype=dtype, mesh=mesh)
     source = f"{spec} (random weights, seed 0; tokenizer of {tokenizer_model if tokenizer else 'none'})"
     return LoadedModel(spec, config, model, tokenizer, source, time.perf_counter() - start)
 

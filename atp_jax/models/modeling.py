@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import Mesh
 
 from atp_jax.models.config import ModelConfig, rope_inverse_frequencies
 from atp_jax.models.schema import TensorSpec, schema_for
@@ -108,9 +109,11 @@ def expand_mask(attention_mask, num_queries: int):
 class Transformer(nnx.Module):
     """Decoder-only transformer (Llama / Qwen2) over explicit embeddings, positions and masks."""
 
-    def __init__(self, config: ModelConfig, *, dtype=jnp.float32, rngs: nnx.Rngs):
+    def __init__(self, config: ModelConfig, *, dtype=jnp.float32, rngs: nnx.Rngs, mesh: Mesh | None = None):
         self.config = config
         self.dtype = dtype
+        # The mesh the weights live on (atp_jax.sharding; None: one device). Callers place their batches on it.
+        self.mesh = mesh
         # Global tensors of the schema: the embeddings, then (after the layers) the final norm and an
         # untied head. Drawing them in schema order keeps seeded random models as they were.
         specs = {s.field: s for s in schema_for(config.architecture).tensors_for(config) if not s.per_layer}
@@ -203,11 +206,6 @@ class Transformer(nnx.Module):
             cache=KVCache(new_k, new_v) if cache is not None else None,
             attentions=attentions,
         )
-
-
-def random_model(config: ModelConfig, seed: int = 0, dtype=jnp.float32) -> Transformer:
-    """A randomly initialised decoder (tests, benchmarks of named architectures)."""
-    return Transformer(config, dtype=dtype, rngs=nnx.Rngs(seed))
 
 
 def default_positions(padding_mask):

@@ -3,15 +3,17 @@
 Sources (safetensors shards, a GGUF file) yield tensors under their HF names in HF's ``(out, in)``
 layout, whole or as blocks of rows. Each is transposed where the schema says and cast to the target
 dtype on the host, then written into one preallocated device array per model field (layers stacked on a
-leading axis); the write donates the array, so it happens in place. A load therefore holds the final
-weights plus the block in flight. Which name goes where, and with which shape, comes from
-``atp_jax.models.schema``.
+leading axis) — on a mesh, one per device holding that device's shard, which receives only its part of
+the block. The write donates the array, so it happens in place. A load therefore holds the final
+weights plus the block in flight, and no device ever holds more than its own shards. Which name goes
+where, and with which shape, comes from ``atp_jax.models.schema``.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import math
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import NamedTuple
@@ -21,9 +23,12 @@ import jax.numpy as jnp
 import ml_dtypes  # noqa: F401  (registers bfloat16 as a numpy dtype)
 import numpy as np
 from flax import nnx
+from flax.traverse_util import unflatten_dict
+from jax.sharding import Mesh, NamedSharding
 
 from atp_jax.models.config import ModelConfig
 from atp_jax.models.modeling import Transformer
+from atp_jax.models.partitioning import weight_shardings
 from atp_jax.models.schema import TensorSpec, schema_for
 
 
@@ -50,10 +55,15 @@ def _find(name: str, config: ModelConfig) -> tuple[TensorSpec, int | None] | Non
 
 
 def build_model(
-    config: ModelConfig, tensors: Iterable[tuple[str, np.ndarray]], dtype=jnp.float32, source: str = "checkpoint"
+    config: ModelConfig,
+    tensors: Iterable[tuple[str, np.ndarray]],
+    dtype=jnp.float32,
+    source: str = "checkpoint",
+    mesh: Mesh | None = None,
 ) -> Transformer:
-    """Creates a ``Transformer`` whose weights come from ``tensors`` (HF names, (out, in) layout)."""
-    return build_model_from_blocks(config, _whole_tensors(config, tensors, source), dtype, source)
+    """Creates a ``Transformer`` whose weights come from ``tensors`` (HF names, (out, in) layout), placed on
+    ``mesh`` when given (see ``build_model_from_blocks``)."""
+    return build_model_from_blocks(config, _whole_tensors(config, tensors, source), dtype, source, mesh)
 
 
 def _whole_tensors(config: ModelConfig, tensors: Iterable[tuple[str, np.ndarray]], source: str) -> Iterator[RowBlock]:
@@ -67,25 +77,31 @@ def _whole_tensors(config: ModelConfig, tensors: Iterable[tuple[str, np.ndarray]
 
 
 def build_model_from_blocks(
-    config: ModelConfig, blocks: Iterable[RowBlock], dtype=jnp.float32, source: str = "checkpoint"
+    config: ModelConfig,
+    blocks: Iterable[RowBlock],
+    dtype=jnp.float32,
+    source: str = "checkpoint",
+    mesh: Mesh | None = None,
 ) -> Transformer:
     """Creates a ``Transformer`` from tensors that may arrive in blocks of rows (see ``RowBlock``).
 
     Every row of every tensor the config implies must arrive exactly once; ``WeightsError`` names the
-    missing, unexpected or misshapen ones.
+    missing, unexpected or misshapen ones. With a ``mesh`` each device receives only the part of each block
+    that falls in its shard (``atp_jax.models.partitioning``), so no device ever holds more than its shards.
     """
-    abstract = nnx.eval_shape(lambda: Transformer(config, dtype=dtype, rngs=nnx.Rngs(0)))
+    abstract = nnx.eval_shape(lambda: Transformer(config, dtype=dtype, rngs=nnx.Rngs(0), mesh=mesh))
     graphdef, state = nnx.split(abstract)
     specs = {spec.field: spec for spec in schema_for(config.architecture).tensors_for(config)}
     shapes = dict(_flatten(nnx.to_pure_dict(state)))
     if set(shapes) != set(specs):  # the model's fields are the schema's by construction
         raise AssertionError(f"model fields {sorted(shapes)} differ from the schema's {sorted(specs)}")
     np_dtype = np.dtype(jnp.dtype(dtype))
-    buffers = {field: _zeros(s.shape, np_dtype) for field, s in shapes.items()}
+    shardings = weight_shardings(config, mesh) if mesh is not None else {}
+    buffers = {field: _FieldBuffer(s.shape, np_dtype, shardings.get(field)) for field, s in shapes.items()}
     # HF rows received per (field, layer): a tensor is complete when all of its rows arrived.
     received = {field: np.zeros(config.num_layers if spec.per_layer else 1, np.int64) for field, spec in specs.items()}
 
-    in_flight = None
+    in_flight: list[jax.Array] = []
     for name, start, array in blocks:
         found = _find(name, config)
         if found is None:
@@ -102,15 +118,12 @@ def build_model_from_blocks(
         slot = 0 if layer is None else layer
         if received[spec.field][slot] + array.shape[0] > expected[0]:
             raise WeightsError(f"{source}: tensor {name!r} arrived more than once")
-        if in_flight is not None:
-            # Writes run asynchronously, each holding its block: wait for the last one so that blocks
-            # cannot pile up when the source is faster than the writes.
-            in_flight.block_until_ready()
+        # Writes run asynchronously, each holding its block: wait for the last block's before the next, so that
+        # blocks cannot pile up when the source is faster than the writes.
+        jax.block_until_ready(in_flight)
         # Transposed and cast on the host, where numpy does it in one pass over the block.
         value = np.ascontiguousarray(array.T if spec.transpose else array, dtype=np_dtype)
-        buffers[spec.field] = in_flight = _write(
-            buffers[spec.field], value, slot, start, per_layer=spec.per_layer, rows_last=spec.transpose
-        )
+        in_flight = buffers[spec.field].write(value, layer, start, rows_axis=value.ndim - 1 if spec.transpose else 0)
         received[spec.field][slot] += array.shape[0]
 
     missing = [
@@ -122,15 +135,40 @@ def build_model_from_blocks(
         more = " …" if len(missing) > 8 else ""
         raise WeightsError(f"{source}: missing tensors for {', '.join(missing[:8])}{more}")
 
-    nested: dict = {}
-    for field, value in buffers.items():
-        node = nested
-        *parents, leaf = field.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
-    nnx.replace_by_pure_dict(state, nested)
+    weights = {field: buffer.array() for field, buffer in buffers.items()}
+    nnx.replace_by_pure_dict(state, unflatten_dict(weights, sep="."))
     return nnx.merge(graphdef, state)
+
+
+def random_blocks(config: ModelConfig, seed: int = 0, block_elements: int = 1 << 22) -> Iterator[RowBlock]:
+    """Seeded random weights under their HF names, in blocks of rows: N(0, 0.02²), ones for norm weights.
+
+    The block of rows ``start ..`` of tensor ``t`` (schema order) in layer ``l`` comes from numpy's generator
+    seeded by ``(seed, t, l + 1, start)`` (``l + 1 = 0`` for a global tensor), so the values do not depend on
+    who reads them, in what order or onto which devices.
+    """
+    for index, spec in enumerate(schema_for(config.architecture).tensors_for(config)):
+        shape = spec.hf_shape(config)
+        per_block = max(1, block_elements // math.prod(shape[1:]))
+        for layer in range(config.num_layers) if spec.per_layer else (None,):
+            for start in range(0, shape[0], per_block):
+                block_shape = (min(per_block, shape[0] - start), *shape[1:])
+                if spec.init == "ones":
+                    block = np.ones(block_shape, np.float32)
+                else:
+                    rng = np.random.default_rng([seed, index, 0 if layer is None else layer + 1, start])
+                    block = rng.standard_normal(block_shape, np.float32)
+                    block *= 0.02
+                yield RowBlock(spec.hf_name_of(layer), start, block)
+
+
+def random_model(config: ModelConfig, seed: int = 0, dtype=jnp.float32, mesh: Mesh | None = None) -> Transformer:
+    """A decoder with seeded random weights (``random_blocks``) for tests and benchmarks of named architectures.
+
+    Built like a checkpoint, block by block on the host, so it costs the weights plus one block of memory, and
+    on a ``mesh`` each device receives only its shards: the same model whatever the mesh.
+    """
+    return build_model_from_blocks(config, random_blocks(config, seed), dtype, f"random weights (seed {seed})", mesh)
 
 
 def _fits(shape: tuple[int, ...], start: int, expected: tuple[int, ...]) -> bool:
@@ -138,29 +176,68 @@ def _fits(shape: tuple[int, ...], start: int, expected: tuple[int, ...]) -> bool
     return len(shape) == len(expected) and shape[1:] == expected[1:] and 0 <= start <= expected[0] - shape[0]
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1))
-def _zeros(shape, dtype):
-    return jnp.zeros(shape, dtype)
+class _FieldBuffer:
+    """One model parameter being filled: a zeroed buffer per device holding that device's shard.
 
-
-@functools.partial(jax.jit, static_argnames=("per_layer", "rows_last"), donate_argnums=0)
-def _write(buffer, value, layer, start, *, per_layer: bool, rows_last: bool):
-    """``buffer`` with one tensor's rows ``start ..`` (of ``layer``) replaced by ``value``, in place.
-
-    ``value`` is in the model's layout (HF rows are its last axis where the model stores ``(in, out)``) and
-    dtype.
+    Without a sharding there is one buffer on JAX's default device, the whole parameter. Each block is
+    cut to each device's shard on the host and written into that device's buffer in place.
     """
-    index = [0] * value.ndim
-    index[-1 if rows_last else 0] = start
-    if per_layer:
-        value, index = value[None], [layer, *index]
+
+    def __init__(self, shape: tuple[int, ...], dtype: np.dtype, sharding: NamedSharding | None):
+        self.shape, self.sharding = shape, sharding
+        if sharding is None:
+            bounds = {None: (0,) * len(shape)}
+        else:
+            bounds = {
+                device: tuple(s.indices(n)[0] for s, n in zip(index, shape))
+                for device, index in sharding.addressable_devices_indices_map(shape).items()
+            }
+        self.starts = bounds  # device -> first index of its shard along each axis
+        local = shape if sharding is None else sharding.shard_shape(shape)
+        self.local_shape = local
+        self.buffers = {device: _zeros(local, dtype, device) for device in bounds}
+
+    def write(self, value: np.ndarray, layer: int | None, start: int, rows_axis: int) -> list[jax.Array]:
+        """Writes ``value`` (the parameter's layout without the layer axis; rows ``start ..`` along ``rows_axis``,
+        whole along the others) into layer ``layer``; returns the writes in flight."""
+        lo = [0] * value.ndim
+        lo[rows_axis] = start
+        if layer is not None:
+            value, lo = value[None], [layer, *lo]
+        hi = [a + n for a, n in zip(lo, value.shape)]
+        written = []
+        for device, first in self.starts.items():
+            top = [a + n for a, n in zip(first, self.local_shape)]
+            begin = [max(a, b) for a, b in zip(lo, first)]
+            end = [min(a, b) for a, b in zip(hi, top)]
+            if any(b >= e for b, e in zip(begin, end)):
+                continue  # this block has nothing in the device's shard
+            piece = value[tuple(slice(b - a, e - a) for a, b, e in zip(lo, begin, end))]
+            offsets = tuple(np.int32(b - f) for b, f in zip(begin, first))
+            self.buffers[device] = _write(self.buffers[device], np.ascontiguousarray(piece), offsets)
+            written.append(self.buffers[device])
+        return written
+
+    def array(self) -> jax.Array:
+        if self.sharding is None:
+            return self.buffers[None]
+        return jax.make_array_from_single_device_arrays(self.shape, self.sharding, list(self.buffers.values()))
+
+
+def _zeros(shape, dtype, device):
+    return jnp.zeros(shape, dtype, device=device)
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def _write(buffer, value, offsets):
+    """``buffer`` with the block ``value`` written at ``offsets`` (one index per axis), in place."""
     if buffer.dtype.itemsize >= 4:
-        return jax.lax.dynamic_update_slice(buffer, value, index)
+        return jax.lax.dynamic_update_slice(buffer, value, offsets)
     # XLA's CPU backend does a 16-bit float slice update by converting the whole buffer; on its
     # integer view the update stays a slice update.
     bits = jnp.dtype(f"uint{8 * buffer.dtype.itemsize}")
     updated = jax.lax.dynamic_update_slice(
-        jax.lax.bitcast_convert_type(buffer, bits), jax.lax.bitcast_convert_type(value, bits), index
+        jax.lax.bitcast_convert_type(buffer, bits), jax.lax.bitcast_convert_type(value, bits), offsets
     )
     return jax.lax.bitcast_convert_type(updated, buffer.dtype)
 
@@ -208,7 +285,8 @@ def iter_safetensors(model_dir: Path) -> Iterator[tuple[str, np.ndarray]]:
     if not files:
         raise WeightsError(f"{model_dir}: no *.safetensors files (pickled .bin checkpoints are not loaded)")
     for file in files:
-        # The "flax" framework reads bfloat16 too; numpy's backend cannot.
-        with safe_open(str(file), framework="flax") as f:
+        # Read on the host (bfloat16 as ml_dtypes' numpy type): the loader cuts each tensor into the devices'
+        # shards, so no tensor passes through a device whole.
+        with safe_open(str(file), framework="numpy") as f:
             for name in f.keys():  # noqa: SIM118 (a safetensors handle, not a dict: it has no __iter__)
-                yield name, np.asarray(jax.device_get(f.get_tensor(name)))
+                yield name, f.get_tensor(name)

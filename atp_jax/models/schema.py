@@ -40,6 +40,9 @@ class TensorSpec:
         rotary: its rows are per-head rotary halves (q/k weights and biases); llama.cpp interleaves them
             in architectures whose schema says ``gguf_rotary_interleaved``.
         init: random initialisation: ``"normal"`` (scaled normal) or ``"ones"`` (norm weights).
+        split: ``(hf_axis, units)``: the HF axis split across the mesh's ``model`` axis (0 = out, 1 = in) and
+            the ``ModelConfig`` attribute counting what it splits (heads, KV heads, MLP units, vocabulary),
+            which must divide evenly; None: replicated (norms). See ``atp_jax.models.partitioning``.
     """
 
     hf_name: str
@@ -50,6 +53,7 @@ class TensorSpec:
     present_if: str | None = None
     rotary: bool = False
     init: str = "normal"
+    split: tuple[int, str] | None = None
 
     def __post_init__(self):
         if (LAYER in self.hf_name) != (LAYER in self.gguf_name) or (LAYER in self.hf_name) != self.field.startswith(
@@ -60,6 +64,8 @@ class TensorSpec:
             raise ValueError(f"{self.hf_name}: only a matrix can be stored transposed")
         if self.init not in _INITS:
             raise ValueError(f"{self.hf_name}: init {self.init!r} is not one of {_INITS}")
+        if self.split is not None and not 0 <= self.split[0] < len(self.shape):
+            raise ValueError(f"{self.hf_name}: split axis {self.split[0]} is not an axis of {self.shape}")
 
     @property
     def per_layer(self) -> bool:
@@ -150,27 +156,99 @@ def _block(hf: str, gguf: str, attribute: str, shape: tuple[str, ...], **kwargs)
     return TensorSpec(f"model.layers.{LAYER}.{hf}", f"blk.{LAYER}.{gguf}", f"layers.{attribute}", shape, **kwargs)
 
 
+# Tensor parallelism (Megatron's): q/k/v and gate/up split by output units (whole heads, MLP units), o/down by
+# input units, so attention and the MLP need one all-reduce each; embeddings and head by vocabulary.
+_HEADS_OUT = (0, "num_heads")
+_KV_HEADS_OUT = (0, "num_kv_heads")
+_UNITS_OUT = (0, "intermediate_size")
+_VOCAB = (0, "vocab_size")
+
 # The Llama computation (RMSNorm, RoPE, grouped-query attention, SwiGLU MLP). The order is the order in
 # which the model draws its random parameters, so seeded random models stay what they were.
 _LLAMA_LIKE_TENSORS = (
-    TensorSpec("model.embed_tokens.weight", "token_embd.weight", "embed_tokens", ("vocab_size", "hidden_size")),
-    _block("input_layernorm.weight", "attn_norm.weight", "attn_norm", ("hidden_size",), init="ones"),
-    _block("self_attn.q_proj.weight", "attn_q.weight", "q_proj", ("q_dim", "hidden_size"), transpose=True, rotary=True),
-    _block(
-        "self_attn.k_proj.weight", "attn_k.weight", "k_proj", ("kv_dim", "hidden_size"), transpose=True, rotary=True
+    TensorSpec(
+        "model.embed_tokens.weight", "token_embd.weight", "embed_tokens", ("vocab_size", "hidden_size"), split=_VOCAB
     ),
-    _block("self_attn.v_proj.weight", "attn_v.weight", "v_proj", ("kv_dim", "hidden_size"), transpose=True),
-    _block("self_attn.q_proj.bias", "attn_q.bias", "q_bias", ("q_dim",), present_if="attention_bias", rotary=True),
-    _block("self_attn.k_proj.bias", "attn_k.bias", "k_bias", ("kv_dim",), present_if="attention_bias", rotary=True),
-    _block("self_attn.v_proj.bias", "attn_v.bias", "v_bias", ("kv_dim",), present_if="attention_bias"),
-    _block("self_attn.o_proj.weight", "attn_output.weight", "o_proj", ("hidden_size", "q_dim"), transpose=True),
+    _block("input_layernorm.weight", "attn_norm.weight", "attn_norm", ("hidden_size",), init="ones"),
+    _block(
+        "self_attn.q_proj.weight",
+        "attn_q.weight",
+        "q_proj",
+        ("q_dim", "hidden_size"),
+        transpose=True,
+        rotary=True,
+        split=_HEADS_OUT,
+    ),
+    _block(
+        "self_attn.k_proj.weight",
+        "attn_k.weight",
+        "k_proj",
+        ("kv_dim", "hidden_size"),
+        transpose=True,
+        rotary=True,
+        split=_KV_HEADS_OUT,
+    ),
+    _block(
+        "self_attn.v_proj.weight",
+        "attn_v.weight",
+        "v_proj",
+        ("kv_dim", "hidden_size"),
+        transpose=True,
+        split=_KV_HEADS_OUT,
+    ),
+    _block(
+        "self_attn.q_proj.bias",
+        "attn_q.bias",
+        "q_bias",
+        ("q_dim",),
+        present_if="attention_bias",
+        rotary=True,
+        split=_HEADS_OUT,
+    ),
+    _block(
+        "self_attn.k_proj.bias",
+        "attn_k.bias",
+        "k_bias",
+        ("kv_dim",),
+        present_if="attention_bias",
+        rotary=True,
+        split=_KV_HEADS_OUT,
+    ),
+    _block(
+        "self_attn.v_proj.bias", "attn_v.bias", "v_bias", ("kv_dim",), present_if="attention_bias", split=_KV_HEADS_OUT
+    ),
+    _block(
+        "self_attn.o_proj.weight",
+        "attn_output.weight",
+        "o_proj",
+        ("hidden_size", "q_dim"),
+        transpose=True,
+        split=(1, "num_heads"),
+    ),
     _block("post_attention_layernorm.weight", "ffn_norm.weight", "mlp_norm", ("hidden_size",), init="ones"),
     _block(
-        "mlp.gate_proj.weight", "ffn_gate.weight", "gate_proj", ("intermediate_size", "hidden_size"), transpose=True
+        "mlp.gate_proj.weight",
+        "ffn_gate.weight",
+        "gate_proj",
+        ("intermediate_size", "hidden_size"),
+        transpose=True,
+        split=_UNITS_OUT,
     ),
-    _block("mlp.up_proj.weight", "ffn_up.weight", "up_proj", ("intermediate_size", "hidden_size"), transpose=True),
     _block(
-        "mlp.down_proj.weight", "ffn_down.weight", "down_proj", ("hidden_size", "intermediate_size"), transpose=True
+        "mlp.up_proj.weight",
+        "ffn_up.weight",
+        "up_proj",
+        ("intermediate_size", "hidden_size"),
+        transpose=True,
+        split=_UNITS_OUT,
+    ),
+    _block(
+        "mlp.down_proj.weight",
+        "ffn_down.weight",
+        "down_proj",
+        ("hidden_size", "intermediate_size"),
+        transpose=True,
+        split=(1, "intermediate_size"),
     ),
     TensorSpec("model.norm.weight", "output_norm.weight", "final_norm", ("hidden_size",), init="ones"),
     TensorSpec(
@@ -180,6 +258,7 @@ _LLAMA_LIKE_TENSORS = (
         ("vocab_size", "hidden_size"),
         transpose=True,
         present_if="untied_head",
+        split=_VOCAB,
     ),
 )
 

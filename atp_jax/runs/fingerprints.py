@@ -18,7 +18,7 @@ from atp_jax.data.datasets import (
     load_dataset,
     locate_dataset,
 )
-from atp_jax.models import architectures, zoo
+from atp_jax.models import architectures, hub, zoo
 from atp_jax.runs.manifest import sha256_file, sha256_files
 
 _HF_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json")
@@ -27,8 +27,9 @@ _HF_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "generati
 def model_fingerprint(spec: str) -> dict:
     """``{"model", "model_sha256"}`` of a ``--model`` value; ``ValueError`` naming what it accepts.
 
-    Zoo names are pinned by sha256; a ``.gguf`` file is hashed; an HF directory by its config, tokenizer
-    and safetensors files; a ``config:`` architecture (random weights) by its config.
+    Zoo names are pinned by sha256; a ``.gguf`` file is hashed; an HF directory (a hub id's too, fetched
+    first) by its config, tokenizer and safetensors files; a ``config:`` architecture (random weights) by its
+    config.
     """
     spec = str(spec)
     if spec.startswith(architectures.CONFIG_PREFIX):
@@ -37,16 +38,20 @@ def model_fingerprint(spec: str) -> dict:
     if spec in zoo.list_models():
         return {"model": spec, "model_sha256": zoo.model_spec(spec).sha256}
     path = Path(spec).expanduser()
+    name = path.name
+    if hub.is_hub_id(spec):  # named by its id; fetched now, so that an unreachable hub stops the run here
+        path, name = hub.fetch(spec), spec
     if path.is_file() and path.suffix == ".gguf":
-        return {"model": path.name, "model_sha256": sha256_file(path)}
+        return {"model": name, "model_sha256": sha256_file(path)}
     if path.is_dir() and (path / "config.json").is_file():
         names = [n for n in _HF_FILES if (path / n).is_file()] + sorted(p.name for p in path.glob("*.safetensors"))
         if not any(n.endswith(".safetensors") for n in names):
             raise ValueError(f"--model {spec}: an HF model directory needs *.safetensors weights beside config.json")
-        return {"model": path.name, "model_sha256": sha256_files(path, names)}
+        return {"model": name, "model_sha256": sha256_files(path, names)}
     raise ValueError(
         f"--model {spec}: not a zoo name ({', '.join(zoo.list_models())}), a .gguf file, an HF model directory "
-        f"with config.json, or {architectures.CONFIG_PREFIX}<name> ({', '.join(architectures.list_architectures())})"
+        f"with config.json, a Hugging Face Hub id (org/name) or {architectures.CONFIG_PREFIX}<name> "
+        f"({', '.join(architectures.list_architectures())})"
     )
 
 
