@@ -11,7 +11,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from atp_jax.eval.http_client import RequestPolicy, post_json
 from atp_jax.eval.judge import (
     PAPER_JUDGE_PROMPT,
     JudgeItem,
@@ -22,6 +21,7 @@ from atp_jax.eval.judge import (
     build_judge_prompt,
     parse_judge_score,
 )
+from atp_jax.http_client import RequestPolicy, post_json
 
 ITEM = JudgeItem("which team won previous to crettyard?", ("Wolfe Tones",), "Wolfe Tones")
 

@@ -22,6 +22,8 @@ LAYERS = {
     "distributed": 0,
     "compilation": 0,
     "sharding": 0,
+    "http_client": 0,
+    "jsonl": 0,
     "inference": 1,
     "attack": 2,
     "defense": 2,

@@ -5,9 +5,9 @@ import json
 import numpy as np
 import pytest
 
+from atp_jax import jsonl
 from atp_jax.attack.presets import preset
 from atp_jax.inference.qa import answer_losses
-from atp_jax.runs import records as records_module
 from atp_jax.runs.experiment import replay, run_one
 from atp_jax.runs.manifest import ResultsFolder
 from atp_jax.runs.records import AttackRecord, append_record, done_keys, read_records
@@ -57,7 +57,7 @@ def test_append_cuts_a_fragment_longer_than_one_read_block(tmp_path):
     path = tmp_path / "results.jsonl"
     append_record(path, {"id": "a", "attack": "vanilla"})
     with path.open("a") as f:
-        f.write('{"trace": "' + "x" * (3 * records_module._TAIL_BLOCK + 17))
+        f.write('{"trace": "' + "x" * (3 * jsonl._TAIL_BLOCK + 17))
     append_record(path, {"id": "b", "attack": "paper"})
     assert [r["id"] for r in read_records(path)] == ["a", "b"]
     assert path.stat().st_size == len('{"attack": "vanilla", "id": "a"}\n{"attack": "paper", "id": "b"}\n')

@@ -10,7 +10,7 @@ A reply is read for its *final* score (:func:`parse_judge_score`): reasoning blo
 not clamped but recorded as missing. Every judge failure is ``JudgeScore(score=None, raw=reply,
 error=reason)``, never 0, so that it is not counted as a wrong answer. The reasons of a reply that came but
 gives no score are :data:`REPLY_FAILURES`; those of a request that got no reply are ``"<reason>:
-<detail>"`` strings from :mod:`atp_jax.eval.http_client`.
+<detail>"`` strings from :mod:`atp_jax.http_client`.
 
 Two backends share one interface, ``judge(items) -> list[JudgeScore]``:
 
@@ -18,7 +18,7 @@ Two backends share one interface, ``judge(items) -> list[JudgeScore]``:
   batched greedy generation.
 * :class:`OpenAICompatibleJudge` calls an OpenAI-compatible ``/v1/chat/completions`` endpoint, several
   requests at a time, with the paper's temperature 0 and seed 0; every request has a total deadline and
-  retries (:class:`~atp_jax.eval.http_client.RequestPolicy`), and no failure of one request ends the batch.
+  retries (:class:`~atp_jax.http_client.RequestPolicy`), and no failure of one request ends the batch.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from atp_jax.eval.http_client import RequestPolicy, post_json
+from atp_jax.http_client import RequestPolicy, post_json
 
 __all__ = [
     "PAPER_JUDGE_PROMPT",
@@ -138,7 +138,7 @@ class JudgeScore:
         error: ``None`` on success; else why there is no score: one of :data:`REPLY_FAILURES` for a reply
             without a usable score, or ``"<reason>: <detail>"`` when the request got none (e.g.
             ``"deadline_exceeded: ..."``, ``"http_503: ... (gave up after 4 attempts)"``, ``"bad_response:
-            ..."``; see :mod:`atp_jax.eval.http_client`).
+            ..."``; see :mod:`atp_jax.http_client`).
     """
 
     score: float | None

@@ -28,15 +28,15 @@ def results_files(folder: str | os.PathLike) -> list[Path]:
 
 def merge_records(paths: Iterable[str | os.PathLike]) -> list[dict]:
     """The records of ``paths`` in order, one per (id, attack): the first occurrence wins (a shard rerun
-    under another process count may record a pair again)."""
-    seen, merged = set(), []
+    under another process count may record a pair again), except that a skip marked ``retry`` (a victim server
+    that was down) gives way to the pair's next record."""
+    merged: dict[tuple[str, str], dict] = {}
     for path in paths:
         for record in read_records(path):
             key = (record["id"], record["attack"])
-            if key not in seen:
-                seen.add(key)
-                merged.append(record)
-    return merged
+            if key not in merged or merged[key].get("retry"):
+                merged[key] = record
+    return list(merged.values())
 
 
 @dataclasses.dataclass(frozen=True)
