@@ -247,6 +247,12 @@ def test_a_preset_name_carries_field_overrides():
     assert (both.straight_through, both.n_attack, both.lr) == (True, 40, 0.5)
     assert preset("atp_st@keep_best=off", seed=3) == dataclasses.replace(preset("atp_st"), keep_best=False, seed=3)
     assert attack_names(["atp_st@init=uniform", "vanilla", "atp_st@init=uniform"]) == ["atp_st@init=uniform", "vanilla"]
+    # --attacks is a comma list: NAME@a=1,b=2 arrives split after a=1 and is joined back.
+    assert attack_names(["vanilla", "evolution@population=3", "generations=1", "best_of_k@k=4"]) == [
+        "vanilla",
+        "evolution@generations=1,population=3",
+        "best_of_k@k=4",
+    ]
     for bad, message in (
         ("atp_st@init", "'init' is not field=value"),
         ("atp_st@colour=red", "'colour=red' is not"),

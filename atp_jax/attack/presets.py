@@ -106,6 +106,8 @@ ATTACK_GROUPS: dict[str, tuple[str, ...]] = {
         "atp_col",
         "atp_joint",
     ),
+    # The paper's closed-model table (A.8, Tables 7-9): the gradient-free attacks, which a server victim takes.
+    "closed_table": ("vanilla", "random", "best_of_k", "row_reverse", "col_reverse", "evolution"),
 }
 ALL = "all"
 
@@ -207,7 +209,14 @@ def attack_names(names: Iterable[str]) -> list[str]:
 
     Unknown names and bad overrides raise one ``ValueError`` that names each of them."""
     groups = {**ATTACK_GROUPS, ALL: tuple(PRESETS)}
-    expanded = [a for name in names for a in groups.get(name, (name,))]
+    joined: list[str] = []
+    for name in names:
+        # A comma list splits NAME@a=1,b=2 after a=1: an override with no name of its own belongs to the one before.
+        if joined and "@" in joined[-1] and "=" in name and "@" not in name:
+            joined[-1] += f",{name}"
+        else:
+            joined.append(name)
+    expanded = [a for name in joined for a in groups.get(name, (name,))]
     out, problems = [], []
     for name in expanded:
         try:

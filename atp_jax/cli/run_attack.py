@@ -6,6 +6,12 @@
 Results go to ``OUTPUT_DIR/results.jsonl`` (or ``results.shardK.jsonl`` per process), appended
 atomically; a rerun skips the (id, attack) pairs already recorded. ``run.json`` holds the config.
 
+``--victim_url URL`` attacks the model behind an OpenAI-compatible server instead (gradient-free attacks;
+``--model`` then names a local copy of the served model, for its tokenizer; see ``atp_jax.inference.server``):
+
+  atp-attack --victim_url http://127.0.0.1:8000 --victim_name Qwen/Qwen2.5-7B-Instruct \
+      --model Qwen/Qwen2.5-7B-Instruct --attacks closed_table --output_dir results/qwen7b_server
+
 ``--smoothing_k 1,5,9`` also answers each chosen order under the permutation-smoothing defense
 (``atp_jax.defense.smoothing``) with 1, 5 and 9 votes, recorded under ``defended``.
 """
@@ -20,7 +26,7 @@ import sys
 from absl import flags
 
 from atp_jax.attack.presets import ATTACK_GROUPS, PRESETS, attack_names, canonical, preset
-from atp_jax.cli import selection
+from atp_jax.cli import selection, victim_flags
 from atp_jax.cli.console import run_app, tag_process, tagged
 from atp_jax.cli.model_flags import load_model_from_flags
 from atp_jax.defense.smoothing import SmoothingConfig
@@ -39,6 +45,7 @@ from atp_jax.tables.prompt import ANSWER_FORMATS, PromptStyle
 selection.define_flags(num_examples=2, max_rows=8, max_cols=5)
 selection.define_run_flags(model=DEFAULT_MODEL, output_dir="results/demo", tracking=True)
 selection.define_bucket_flags()
+victim_flags.define_victim_flags()
 flags.DEFINE_enum("style", "markdown", list(STYLES), "Table linearization.")
 flags.DEFINE_list(
     "attack_modules",
@@ -184,6 +191,10 @@ def main(argv):
     smoothing_ks = _smoothing_ks(FLAGS.smoothing_k, FLAGS.generate)
     if isinstance(smoothing_ks, str):
         sys.exit(smoothing_ks)
+    if FLAGS.victim_url:
+        victim_flags.check_attacks(attacks)
+        if smoothing_ks:
+            sys.exit("--smoothing_k runs in process: drop it with --victim_url")
     smoothing = None
     if smoothing_ks:
         smoothing = SmoothingConfig(
@@ -221,12 +232,15 @@ def main(argv):
         "max_new_tokens": FLAGS.max_new_tokens,
         "smoothing": None if smoothing is None else {**dataclasses.asdict(smoothing), "ks": list(smoothing_ks)},
     }
+    if FLAGS.victim_url:
+        identity["victim_query_budget"] = FLAGS.victim_query_budget
     folder = selection.open_folder(
         identity,
         {k: v.as_dict() for k, v in configs.items()},
         len(examples),
         process_index=process_index,
         process_count=process_count,
+        model_identity=victim_flags.identity() if FLAGS.victim_url else None,
     )
     sinks = selection.open_sinks(
         {**identity, "model": FLAGS.model, "dataset": FLAGS.dataset, "attacks": list(configs)},
@@ -234,11 +248,23 @@ def main(argv):
         process_count,
     )
 
-    model = load_model_from_flags()
+    if FLAGS.victim_url:
+        model = victim_flags.victim_from_flags(folder.path)
+        options = {"query_budget": FLAGS.victim_query_budget}
+    else:
+        model = load_model_from_flags()
+        options = {
+            "smoothing": smoothing,
+            "smoothing_ks": smoothing_ks or None,
+            "memory_budget_bytes": selection.memory_budget(),
+            "buckets": selection.bucket_grid(),
+        }
     judge = judge_url
     if FLAGS.judge_model:
-        same = FLAGS.judge_model == FLAGS.model
-        judge = ModelJudge.from_model(model if same else load_model_from_flags(FLAGS.judge_model, model.mesh))
+        if FLAGS.judge_model == FLAGS.model and not FLAGS.victim_url:
+            judge = ModelJudge.from_model(model)
+        else:
+            judge = ModelJudge.from_model(load_model_from_flags(FLAGS.judge_model, getattr(model, "mesh", None)))
     scorer = Scorer(tuple(FLAGS.metrics), judge)
 
     jobs = [Job(folder, name, config) for name, config in configs.items()]
@@ -260,11 +286,8 @@ def main(argv):
         progress=process_index == 0,
         generate=FLAGS.generate,
         max_new_tokens=FLAGS.max_new_tokens,
-        smoothing=smoothing,
-        smoothing_ks=smoothing_ks or None,
         scorer=scorer,
-        memory_budget_bytes=selection.memory_budget(),
-        buckets=selection.bucket_grid(),
+        **options,
     )
     for sink in sinks:
         sink.close()

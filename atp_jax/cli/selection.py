@@ -220,19 +220,22 @@ def open_folder(
     folder: Path | None = None,
     process_index: int = 0,
     process_count: int = 1,
+    model_identity: Mapping | None = None,
 ) -> ResultsFolder:
     """The results folder (``--output_dir`` unless ``folder``), its manifest checked and written.
 
     The identity is the model's and dataset's fingerprints plus ``identity`` (style, seed, metrics, …);
-    a bad ``--model``/``--dataset`` or a resume that would mix configurations exits with the reason.
-    Call it before loading the model: it fails in a second, not after minutes of loading.
+    ``model_identity`` replaces the model's part (a server victim names itself). A bad ``--model``/``--dataset``
+    or a resume that would mix configurations exits with the reason. Call it before loading the model: it fails
+    in a second, not after minutes of loading.
     """
     start_compilation()
     results = ResultsFolder(writable_folder(Path(folder or FLAGS.output_dir)), process_index, process_count)
     try:
+        if model_identity is None:
+            model_identity = {**model_fingerprint(FLAGS.model), **model_flags.identity()}
         full_identity = {
-            **model_fingerprint(FLAGS.model),
-            **model_flags.identity(),
+            **model_identity,
             **dataset_fingerprint(FLAGS.dataset, FLAGS.split, FLAGS.data_dir),
             **identity,
         }

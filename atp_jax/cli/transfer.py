@@ -8,6 +8,13 @@ column order: the reference answer's loss on the re-rendered text for the target
 with ``--generate`` the model's answer and its score. The new folder has the schema of run_attack.py
 plus ``transferred_from`` (source folder, model, style and the source's answer_loss) in every record,
 so ``report.py --results results/smollm,results/smollm_to_qwen`` puts both in one table.
+
+``--victim_url`` replays the orders on a model behind an OpenAI-compatible server instead (the paper's transfer to
+a closed model; ``--model`` then names the local copy whose tokenizer renders the prompts, by default the
+source's model, and for a chat-only server the answers' scores stand in for the loss):
+
+  atp-transfer --results results/qwen7b --victim_url https://api.example.com --victim_name gpt-4o \
+      --victim_endpoint chat --generate --output_dir results/qwen7b_to_gpt4o
 """
 
 from __future__ import annotations
@@ -18,10 +25,11 @@ from pathlib import Path
 from absl import flags
 from tqdm import tqdm
 
-from atp_jax.cli import model_flags, selection
+from atp_jax.cli import model_flags, selection, victim_flags
 from atp_jax.cli.console import run_app, tag_process, tagged
 from atp_jax.data.datasets import load_dataset
 from atp_jax.distributed import MODES, maybe_initialize
+from atp_jax.runs.blackbox import replay_on_server
 from atp_jax.runs.experiment import environment, replay
 from atp_jax.runs.fingerprints import dataset_fingerprint, model_fingerprint
 from atp_jax.runs.folders import load_run
@@ -59,6 +67,7 @@ flags.DEFINE_bool(
     "When --output_dir holds transfers made under another target model, style or source: set them aside "
     "(renamed, never deleted) and start over. Without it such a resume is refused.",
 )
+victim_flags.define_victim_flags()
 flags.mark_flags_as_required(["results", "output_dir"])
 FLAGS = flags.FLAGS
 
@@ -116,9 +125,13 @@ def main(argv):
     }
     folder = ResultsFolder(selection.writable_folder(out), process_index, process_count)
     try:
+        model_identity = (
+            victim_flags.identity(target)
+            if FLAGS.victim_url
+            else {**model_fingerprint(target), **model_flags.identity()}
+        )
         identity = {
-            **model_fingerprint(target),
-            **model_flags.identity(),
+            **model_identity,
             **dataset_fingerprint(dataset, split, FLAGS.data_dir),
             "style": style.as_dict(),
             "generate": FLAGS.generate,
@@ -136,14 +149,17 @@ def main(argv):
         )
     except (ManifestMismatch, ValueError) as e:
         sys.exit(str(e) if FLAGS.model else f"{e} (the source's model; pass --model to name its file)")
-    model = model_flags.load_model_from_flags(target)
+    if FLAGS.victim_url:
+        model, replay_one = victim_flags.victim_from_flags(folder.path, target), replay_on_server
+    else:
+        model, replay_one = model_flags.load_model_from_flags(target), replay
 
     done = folder.done_keys()
     by_id = {i: [r for r in records if r["id"] == i and (i, r["attack"]) not in done] for i in ids}
     print(tagged(f"{len(ids)} examples, {sum(map(len, by_id.values()))} orders to replay ({len(done)} recorded)"))
     for example_id in tqdm(ids, desc="replaying", disable=process_index != 0):
         if by_id[example_id]:
-            for record in replay(
+            for record in replay_one(
                 model,
                 examples[example_id],
                 by_id[example_id],

@@ -10,6 +10,8 @@ module turns those into what the rest of atp_jax expects, i.e. the Hugging Face 
   into a preallocated buffer and keep peak memory at the weights plus one block.
 * :func:`load_gguf_tokenizer` -- a ``transformers.PreTrainedTokenizerFast`` built with the
   ``tokenizers`` library from the vocabulary and merges stored in the file, with the chat template.
+* :func:`write_dequantized` -- a copy of a GGUF with every tensor in float32: a llama.cpp server then computes
+  with the very weights this package loads (on quantized tensors llama.cpp also quantizes the activations).
 
 The architectures and their tensor names are those of ``atp_jax.models.schema`` (``llama`` and
 ``qwen2``: dense decoder-only models with the same tensor set; qwen2 adds q/k/v biases). Any file
@@ -595,3 +597,27 @@ def load_gguf_tokenizer(path: str | os.PathLike[str]) -> PreTrainedTokenizerFast
         chat_template=_meta(reader, "tokenizer.chat_template", path, None),
         clean_up_tokenization_spaces=False,
     )
+
+
+def write_dequantized(source: str | os.PathLike[str], destination: str | os.PathLike[str]) -> Path:
+    """Writes ``source`` to ``destination`` with every tensor dequantized to float32, metadata (config,
+    tokenizer, chat template) unchanged; returns ``destination``. Four bytes per parameter."""
+    path, reader = _open(source)
+    writer = gguf.GGUFWriter(destination, reader.get_field(gguf.Keys.General.ARCHITECTURE).contents())
+    for field in reader.fields.values():
+        # The writer adds the architecture and the GGUF header itself; the file type no longer holds.
+        if field.name in (gguf.Keys.General.ARCHITECTURE, gguf.Keys.General.FILE_TYPE) or field.name.startswith(
+            "GGUF."
+        ):
+            continue
+        kind = field.types[0]
+        sub_type = field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(field.name, field.contents(), kind, sub_type=sub_type)
+    for tensor in reader.tensors:
+        values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+        writer.add_tensor(tensor.name, np.ascontiguousarray(values, np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return Path(destination)

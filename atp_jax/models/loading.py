@@ -83,18 +83,7 @@ def load_model(
     replacement = _hf_tokenizer(Path(tokenizer).expanduser()) if tokenizer is not None else None
     if spec_str.startswith(architectures.CONFIG_PREFIX):
         return _random_weights_model(spec_str, dtype, start, replacement, tokenizer, mesh)
-    path = Path(spec_str).expanduser()
-    from_hub = False
-    if spec_str in zoo.list_models():
-        path = zoo.resolve(spec_str)
-    elif hub.is_hub_id(spec_str):
-        path, from_hub = hub.fetch(spec_str), True
-    elif not path.exists():
-        raise ValueError(
-            f"unknown model {spec_str!r}: not a zoo name ({', '.join(zoo.list_models())}), "
-            f"an HF model directory, a .gguf file, a Hugging Face Hub id (org/name) or "
-            f"{architectures.CONFIG_PREFIX}<name> ({', '.join(architectures.list_architectures())})"
-        )
+    path, from_hub = _model_path(spec_str)
 
     if path.is_file() and path.suffix == ".gguf":
         hf_config = gguf.read_gguf_config(path)
@@ -151,6 +140,36 @@ def _random_weights_model(spec: str, dtype, start: float, replacement, tokenizer
     model = params.random_model(config, seed=0, dtype=dtype, mesh=mesh)
     source = f"{spec} (random weights, seed 0; tokenizer of {tokenizer_model if tokenizer else 'none'})"
     return LoadedModel(spec, config, model, tokenizer, source, time.perf_counter() - start)
+
+
+def _model_path(spec: str) -> tuple[Path, bool]:
+    """The file or folder ``spec`` names (a zoo name's verified GGUF, a hub id's download) and whether it came from
+    the hub; ``ValueError`` listing what a spec can be."""
+    path = Path(spec).expanduser()
+    if spec in zoo.list_models():
+        return zoo.resolve(spec), False
+    if hub.is_hub_id(spec):
+        return hub.fetch(spec), True
+    if not path.exists():
+        raise ValueError(
+            f"unknown model {spec!r}: not a zoo name ({', '.join(zoo.list_models())}), "
+            f"an HF model directory, a .gguf file, a Hugging Face Hub id (org/name) or "
+            f"{architectures.CONFIG_PREFIX}<name> ({', '.join(architectures.list_architectures())})"
+        )
+    return path, False
+
+
+def load_tokenizer(spec: str | Path, tokenizer: str | Path | None = None):
+    """The tokenizer of model ``spec`` (the specs of ``load_model`` but ``config:``) without its weights, or the HF
+    tokenizer directory ``tokenizer`` when given: what a victim behind a server needs to render its prompts."""
+    if tokenizer is not None:
+        return _hf_tokenizer(Path(tokenizer).expanduser())
+    path, _ = _model_path(str(spec))
+    if path.is_file() and path.suffix == ".gguf":
+        return gguf.load_gguf_tokenizer(path)
+    if path.is_dir():
+        return _hf_tokenizer(path)
+    raise ValueError(f"{path}: expected a .gguf file or an HF model directory")
 
 
 def _hf_tokenizer(path: Path):

@@ -10,7 +10,9 @@ from tqdm import tqdm
 
 from atp_jax.attack.config import AttackConfig
 from atp_jax.compilation import compile_totals
+from atp_jax.inference.server import ServerVictim
 from atp_jax.models.loading import LoadedModel
+from atp_jax.runs.blackbox import run_one_server
 from atp_jax.runs.experiment import run_one
 from atp_jax.runs.manifest import ResultsFolder
 from atp_jax.runs.records import AttackRecord, SkipRecord
@@ -37,7 +39,7 @@ def pending(examples: Sequence[Example], jobs: Sequence[Job]) -> list[tuple[Exam
 
 
 def run_pending(
-    model: LoadedModel,
+    model: LoadedModel | ServerVictim,
     examples: Sequence[Example],
     jobs: Sequence[Job],
     style: PromptStyle,
@@ -48,7 +50,8 @@ def run_pending(
     desc: str = "attacking",
     **run_options,
 ) -> int:
-    """Runs every pending (example, job) with ``run_one(..., **run_options)``; returns how many ran.
+    """Runs every pending (example, job) with ``run_one(..., **run_options)`` (against a ``ServerVictim``:
+    ``run_one_server``); returns how many ran.
 
     An example's precomputation is shared by its attacks; each record carries the compiles it cost
     (``compiles``). Each record, once in its folder, goes to every sink (``atp_jax.runs.tracking``) with the
@@ -63,7 +66,8 @@ def run_pending(
         if example.id != current:  # pending() runs example by example: the previous one's precomputation is done with
             current, problems = example.id, {}
         before = compile_totals()
-        record = run_one(model, example, job.name, job.config, style, problems=problems, **run_options)
+        run = run_one_server if isinstance(model, ServerVictim) else run_one
+        record = run(model, example, job.name, job.config, style, problems=problems, **run_options)
         if isinstance(record, AttackRecord):
             record = dataclasses.replace(record, compiles=(compile_totals() - before).as_dict())
         job.folder.append(record)

@@ -37,9 +37,20 @@ PAPER_COLUMNS = dict(
 )
 
 
+TRANSFER_SEPARATOR = " from "  # a replayed order's column: "<attack> from <source model>"
+
+
 def column_name(attack: str) -> str:
-    """The paper's name of ``attack``'s column, else its id."""
-    return PAPER_COLUMNS.get(attack, attack)
+    """The paper's name of ``attack``'s column, else its id; a transferred attack's column keeps its source."""
+    attack, separator, source = attack.partition(TRANSFER_SEPARATOR)
+    return PAPER_COLUMNS.get(attack, attack) + separator + source
+
+
+def column_key(record: dict) -> str:
+    """The column ``record`` fills: its attack, or for an order replayed from another model (``atp-transfer``)
+    ``"<attack> from <source model>"``, as the paper's closed-model tables show transfers."""
+    source = record.get("transferred_from") or {}
+    return f"{record['attack']}{TRANSFER_SEPARATOR}{source['model']}" if source.get("model") else record["attack"]
 
 
 def paper_order(attacks: Iterable[str]) -> list[str]:
@@ -281,9 +292,11 @@ def score_tables(
     for run, label in zip(runs, _row_labels(runs)):
         taken = seen[(run.dataset, label)]
         fresh = [
-            r for r in run.records if (r["id"], r["attack"]) not in taken and (wanted is None or r["attack"] in wanted)
+            r
+            for r in run.records
+            if (r["id"], column_key(r)) not in taken and (wanted is None or r["attack"] in wanted)
         ]
-        taken.update((r["id"], r["attack"]) for r in fresh)
+        taken.update((r["id"], column_key(r)) for r in fresh)
         rows[run.dataset].setdefault(label, []).extend(fresh)
     tables = []
     for dataset, by_model in rows.items():
@@ -291,18 +304,18 @@ def score_tables(
         if not all_records:  # none of the wanted attacks ran on this dataset
             continue
         chosen = choose_metric(all_records, metric, where=f"the {dataset!r} results")
-        attacks = paper_order(r["attack"] for r in all_records)
+        attacks = paper_order(column_key(r) for r in all_records)
         cells = {}
         for model, records in by_model.items():
             if paired:
                 measured = defaultdict(set)
                 for r in records:
                     if metric_value(r, chosen) is not None:
-                        measured[r["id"]].add(r["attack"])
+                        measured[r["id"]].add(column_key(r))
                 complete = {i for i, names in measured.items() if len(names) == len(attacks)}
                 records = [r for r in records if r["id"] in complete]
             for attack in attacks:
-                values = [v for r in records if r["attack"] == attack and (v := metric_value(r, chosen)) is not None]
+                values = [v for r in records if column_key(r) == attack and (v := metric_value(r, chosen)) is not None]
                 if not values:
                     continue
                 low, high = bootstrap_interval(values, level, resamples, seed) if ci else (None, None)

@@ -104,15 +104,26 @@ def user_message(
     return f"{instruction(style, dataset)}\n\nTable:\n{table_text}{text}\n\nQuestion: {question}"
 
 
+def chat_messages(example: Example, table_text: str, style: PromptStyle = PromptStyle()) -> list[dict[str, str]]:
+    """The chat messages of ``example`` with ``table_text`` in place of its table: ``style.system`` (when set), then the
+    user turn. ``render_prompt`` puts them through a tokenizer's chat template; a chat server applies its own."""
+    messages = [
+        {
+            "role": "user",
+            "content": user_message(example.question, style, table_text, example.dataset, example.paragraphs),
+        }
+    ]
+    if style.system is not None:
+        messages.insert(0, {"role": "system", "content": style.system})
+    return messages
+
+
 def render_prompt(
     tokenizer, example: Example, table: Table | None = None, style: PromptStyle = PromptStyle()
 ) -> Prompt:
     """The chat prompt for ``example`` (over ``table`` when given, e.g. a permuted one)."""
     table = example.table if table is None else table
-    content = user_message(example.question, style, _SENTINEL, example.dataset, example.paragraphs)
-    messages = [{"role": "user", "content": content}]
-    if style.system is not None:
-        messages.insert(0, {"role": "system", "content": style.system})
+    messages = chat_messages(example, _SENTINEL, style)
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     before, sentinel, after = text.partition(_SENTINEL)
     if not sentinel:
