@@ -27,7 +27,7 @@ from tests.llama_server import SERVED_NAME, LlamaServer
 # |CE(server) - CE(JAX)| on the dequantized weights, measured at <= 0.003 nats on these questions (llama.cpp's
 # float32 kernels against XLA's: other summation orders, other exp and rope arithmetic).
 CE_TOLERANCE = 0.01
-SELECTION = ["--num_examples", "2", "--max_rows", "6", "--max_cols", "5"]
+SELECTION = ["--num_examples", "3", "--max_rows", "6", "--max_cols", "5"]
 CLOSED = "vanilla,random,best_of_k@k=3,row_reverse,col_reverse,evolution@population=2,generations=1"
 
 
@@ -75,9 +75,13 @@ def test_server_ce_equals_the_in_process_models(server, smollm2, examples):
             np.testing.assert_allclose(served, local, atol=CE_TOLERANCE, err_msg=f"{example.id} via {endpoint}")
     auto = ServerVictim(server.url, SERVED_NAME, "auto", smollm2.tokenizer)
     calibration = auto.calibrate(examples[0])
-    assert abs(calibration["echo_ce"] - calibration["forced_ce"]) < 0.05 and auto.endpoint == calibration["chosen"]
-    faster = "echo" if calibration["echo_seconds"] < calibration["forced_seconds"] else "forced"
-    assert calibration["chosen"] == faster
+    assert auto.endpoint == calibration["chosen"]
+    if calibration["echo_error"] is None:  # echo answered within its allowance: it agrees, and wins if faster
+        assert abs(calibration["echo_ce"] - calibration["forced_ce"]) < 0.05
+        faster = "echo" if calibration["echo_seconds"] < calibration["forced_seconds"] else "forced"
+        assert calibration["chosen"] == faster
+    else:
+        assert calibration["chosen"] == "forced" and calibration["echo_ce"] is None
 
 
 def test_a_different_tokenizer_is_refused(server, examples):
@@ -104,7 +108,7 @@ def test_closed_table_runs_through_run_attack_and_reruns_from_the_cache(server, 
     first = run_binary("run_attack", args)
     assert first.returncode == 0, first.stderr[-3000:]
     records = _records(out)
-    assert len(records) == 2 * 6 and not [r for r in records if "skipped" in r]
+    assert len(records) == 3 * 6 and not [r for r in records if "skipped" in r]
     by_attack = {}
     for r in records:
         by_attack.setdefault(r["attack"].split("@")[0], []).append(r)
@@ -145,7 +149,7 @@ def test_closed_table_runs_through_run_attack_and_reruns_from_the_cache(server, 
     transfer = run_binary("transfer", ["--results", source, *_victim_flags(server), "--output_dir", moved])
     assert transfer.returncode == 0, transfer.stderr[-3000:]
     transferred = _records(moved)
-    assert len(transferred) == 4 and all(r["transferred_from"]["model"] == "smollm2-135m-instruct" for r in transferred)
+    assert len(transferred) == 6 and all(r["transferred_from"]["model"] == "smollm2-135m-instruct" for r in transferred)
     local = {(r["id"], r["attack"]): r["answer_loss"] for r in _records(source)}
     for r in transferred:
         assert r["answer_loss"] == pytest.approx(local[(r["id"], r["attack"])], abs=CE_TOLERANCE)

@@ -21,7 +21,7 @@ import numpy as np
 from atp_jax.attack.config import AttackConfig
 from atp_jax.attack.problem import AttackInputError
 from atp_jax.attack.registry import method_of
-from atp_jax.attack.result import AttackResult
+from atp_jax.attack.result import AttackResult, Oracle
 from atp_jax.inference.server import ServerVictim
 from atp_jax.tables.prompt import PromptStyle
 from atp_jax.tables.table import Example
@@ -50,7 +50,7 @@ class BlackBoxProblem:
         return self.example.table.n_cols
 
 
-class ServerEvaluator:
+class ServerEvaluator(Oracle):
     """Objective of hard orders on a ``ServerVictim``, each distinct order queried once and counted.
 
     ``queries``: distinct orders sent (a query is one order, as in process; with the ``forced`` endpoint it is one
@@ -75,10 +75,6 @@ class ServerEvaluator:
         self.start = time.perf_counter()
         self.predictions: dict[tuple, str] = {}
         self._values: dict[tuple, float] = {}
-
-    @property
-    def identity(self) -> tuple[np.ndarray, np.ndarray]:
-        return np.arange(self.problem.n_rows), np.arange(self.problem.n_cols)
 
     def losses(self, row_perms, col_perms) -> np.ndarray:
         """Objective ``[B]`` of hard orders ``[B, n]``, ``[B, m]``; orders measured before are not sent again."""
@@ -111,24 +107,6 @@ class ServerEvaluator:
             self.predictions.update(zip(keys, answers))
             values = [1.0 - float(s) for s in self.score_fn(example, answers)]
         self._values.update(zip(keys, map(float, values)))
-
-    def result(self, method: str, row_perm, col_perm, trace: dict | None = None) -> AttackResult:
-        """The chosen order and the original one's objective, packed as an in-process attack's result."""
-        identity = self.identity
-        chosen, clean = self.true_losses([row_perm, identity[0]], [col_perm, identity[1]])
-        row_perm, col_perm = tuple(map(int, row_perm)), tuple(map(int, col_perm))
-        return AttackResult(
-            method=method,
-            row_perm=row_perm,
-            col_perm=col_perm,
-            table=self.problem.example.table.permute(row_perm, col_perm),
-            loss=float(chosen),
-            clean_loss=float(clean),
-            queries=self.queries,
-            backward_calls=0,
-            seconds=time.perf_counter() - self.start,
-            trace=trace or {},
-        )
 
 
 def _keys(row_perms, col_perms, n: int, m: int) -> list[tuple]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import Any
 
 import numpy as np
 
@@ -46,8 +47,51 @@ class AttackResult:
         return self.queries + 2 * self.backward_calls
 
 
-class Evaluator:
-    """Objective of hard orders for one problem, batched, with every sequence counted."""
+class Oracle:
+    """What every attack method queries: the objective of hard orders for one problem, with its cost counted.
+
+    A subclass sets ``problem`` (with ``n_rows``, ``n_cols`` and ``example``), ``queries``, ``backward_calls`` and
+    ``start``, and implements ``losses`` (a search query: counted) and ``true_losses`` (the reported measurement of
+    an order on re-rendered text: not counted when it repeats a query). ``Evaluator`` is the in-process model;
+    ``atp_jax.attack.blackbox.ServerEvaluator`` a model behind a server.
+    """
+
+    problem: Any
+    queries: int
+    backward_calls: int
+    start: float
+
+    @property
+    def identity(self) -> tuple[np.ndarray, np.ndarray]:
+        return np.arange(self.problem.n_rows), np.arange(self.problem.n_cols)
+
+    def losses(self, row_perms, col_perms) -> np.ndarray:
+        raise NotImplementedError
+
+    def true_losses(self, row_perms, col_perms) -> np.ndarray:
+        raise NotImplementedError
+
+    def result(self, method: str, row_perm, col_perm, trace: dict | None = None) -> AttackResult:
+        """Measures the chosen order (and the clean one) on re-rendered text and packs the result."""
+        identity = self.identity
+        chosen, clean = self.true_losses([row_perm, identity[0]], [col_perm, identity[1]])
+        row_perm, col_perm = tuple(map(int, row_perm)), tuple(map(int, col_perm))
+        return AttackResult(
+            method=method,
+            row_perm=row_perm,
+            col_perm=col_perm,
+            table=self.problem.example.table.permute(row_perm, col_perm),
+            loss=float(chosen),
+            clean_loss=float(clean),
+            queries=self.queries,
+            backward_calls=self.backward_calls,
+            seconds=time.perf_counter() - self.start,
+            trace=trace or {},
+        )
+
+
+class Evaluator(Oracle):
+    """Objective of hard orders for one problem on the in-process model, batched, with every sequence counted."""
 
     def __init__(self, loaded: LoadedModel, problem: AttackProblem):
         self.loaded = loaded
@@ -56,10 +100,6 @@ class Evaluator:
         self.backward_calls = 0
         self.start = time.perf_counter()
         self._true_cache: dict[tuple, float] = {}
-
-    @property
-    def identity(self) -> tuple[np.ndarray, np.ndarray]:
-        return np.arange(self.problem.n_rows), np.arange(self.problem.n_cols)
 
     def losses(self, row_perms, col_perms) -> np.ndarray:
         """Objective ``[B]`` of hard orders (the layout's tokens: one batched forward per chunk).
@@ -104,21 +144,3 @@ class Evaluator:
                 self.queries -= len(todo)  # a re-measurement, not a search query
             self._true_cache.update(zip(todo, map(float, values)))
         return np.array([self._true_cache[k] for k in keys])
-
-    def result(self, method: str, row_perm, col_perm, trace: dict | None = None) -> AttackResult:
-        """Measures the chosen order (and the clean one) on re-rendered text and packs the result."""
-        identity = self.identity
-        chosen, clean = self.true_losses([row_perm, identity[0]], [col_perm, identity[1]])
-        row_perm, col_perm = tuple(map(int, row_perm)), tuple(map(int, col_perm))
-        return AttackResult(
-            method=method,
-            row_perm=row_perm,
-            col_perm=col_perm,
-            table=self.problem.example.table.permute(row_perm, col_perm),
-            loss=float(chosen),
-            clean_loss=float(clean),
-            queries=self.queries,
-            backward_calls=self.backward_calls,
-            seconds=time.perf_counter() - self.start,
-            trace=trace or {},
-        )

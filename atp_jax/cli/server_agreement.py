@@ -21,6 +21,7 @@ from absl import flags
 from atp_jax.cli import selection, victim_flags
 from atp_jax.cli.console import run_app
 from atp_jax.cli.model_flags import define_model_flags, load_model_from_flags
+from atp_jax.http_client import RequestPolicy
 from atp_jax.inference.qa import answer_losses
 from atp_jax.inference.server import ServerVictim, VictimError
 from atp_jax.runs.report import markdown_table
@@ -28,6 +29,7 @@ from atp_jax.runs.report import markdown_table
 selection.define_flags(num_examples=3, max_rows=8, max_cols=5)
 define_model_flags("smollm2-135m-instruct")
 victim_flags.define_victim_flags()
+flags.DEFINE_list("routes", ["echo", "forced"], "The log-probability routes to compare: echo, forced or both.")
 flags.mark_flags_as_required(["victim_url"])
 FLAGS = flags.FLAGS
 
@@ -37,10 +39,20 @@ def main(argv):
     examples = selection.examples(0, 1)
     if not examples:
         sys.exit("no examples selected; loosen --num_examples/--max_rows/--max_cols")
+    unknown = [r for r in FLAGS.routes if r not in ("echo", "forced")]
+    if unknown or not FLAGS.routes:
+        sys.exit(f"--routes {','.join(FLAGS.routes)}: choose echo, forced or both")
     model = load_model_from_flags()
     victims = {
-        endpoint: ServerVictim(FLAGS.victim_url, FLAGS.victim_name, endpoint, model.tokenizer, max_concurrency=1)
-        for endpoint in ("echo", "forced")
+        endpoint: ServerVictim(
+            FLAGS.victim_url,
+            FLAGS.victim_name,
+            endpoint,
+            model.tokenizer,
+            max_concurrency=1,
+            policy=RequestPolicy(deadline=FLAGS.victim_deadline, attempt_timeout=FLAGS.victim_deadline),
+        )
+        for endpoint in FLAGS.routes
     }
     rows, seconds = [], {endpoint: [] for endpoint in victims}
     for example in examples:
@@ -61,8 +73,7 @@ def main(argv):
                     "id": example.id,
                     "order": order,
                     "CE (JAX)": f"{local[k]:.4f}",
-                    "CE (echo)": f"{served['echo'][k]:.4f}",
-                    "CE (forced)": f"{served['forced'][k]:.4f}",
+                    **{f"CE ({e})": f"{served[e][k]:.4f}" for e in served},
                     "max |Δ|": f"{max(abs(served[e][k] - local[k]) for e in served):.4f}",
                 }
             )

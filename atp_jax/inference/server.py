@@ -16,7 +16,8 @@ under an order, and the model's answer — over HTTP, in one of three endpoint k
 * ``chat``: ``/v1/chat/completions`` with the prompt's messages; the server applies its own chat template. The
   answer only: no CE (hosted chat APIs).
 * ``auto``: ``echo`` where it agrees with ``forced`` on the first prompt it meets and answers faster
-  (``calibrate``), else ``forced``.
+  (``calibrate``), else ``forced``. llama-cpp-python sorts the whole vocabulary in Python for every echoed token,
+  which takes seconds to minutes per prompt: there ``forced`` wins.
 
 For the completions kinds the prompt is exactly the local path's: the chat template rendered by the local
 tokenizer (``render_prompt``), sent as text, plus the reference answer's text. The server tokenizes it again; its
@@ -214,11 +215,21 @@ class ServerVictim:
             prompt = render_prompt(self.tokenizer, example, None, style).text
             answer = reference_answer(example)
             start = time.perf_counter()
-            echo_ce = float(-np.mean(self._echo_logprobs(prompt, answer)))
-            middle = time.perf_counter()
             forced_ce = float(-np.mean(self._forced_logprobs(prompt, answer)))
-            echo_s, forced_s = middle - start, time.perf_counter() - middle
-            agree = abs(echo_ce - forced_ce) <= CALIBRATION_TOLERANCE
+            forced_s = time.perf_counter() - start
+            # Echo only has to beat forced: it gets a few times forced's time, once, and a miss means forced.
+            echo_policy = dataclasses.replace(
+                self.policy, deadline=max(10.0, 4 * forced_s), attempt_timeout=None, max_retries=0
+            )
+            start = time.perf_counter()
+            try:
+                echo_ce = float(-np.mean(self._echo_logprobs(prompt, answer, echo_policy)))
+            except VictimError as e:
+                echo_ce, echo_error = None, str(e)
+            else:
+                echo_error = None
+            echo_s = time.perf_counter() - start
+            agree = echo_ce is not None and abs(echo_ce - forced_ce) <= CALIBRATION_TOLERANCE
             self._remember(
                 key,
                 {
@@ -227,6 +238,7 @@ class ServerVictim:
                     "forced_ce": forced_ce,
                     "echo_seconds": round(echo_s, 3),
                     "forced_seconds": round(forced_s, 3),
+                    "echo_error": echo_error,
                     "chosen": "echo" if agree and echo_s < forced_s else "forced",
                 },
             )
@@ -239,11 +251,11 @@ class ServerVictim:
     def _expected_tokens(self, text: str) -> int:
         return len(encode_text(self.tokenizer, text))
 
-    def _echo_logprobs(self, prompt: str, answer: str) -> list[float]:
+    def _echo_logprobs(self, prompt: str, answer: str, policy: RequestPolicy | None = None) -> list[float]:
         """Log-probabilities of the answer's tokens from one echoed request."""
         answer_ids = encode_text(self.tokenizer, answer)
         body = {"prompt": prompt + answer, "max_tokens": 1, "temperature": 0}
-        reply = self._query("completions", {**body, "echo": True, "logprobs": 0}, _echo_reply)
+        reply = self._query("completions", {**body, "echo": True, "logprobs": 0}, _echo_reply, policy)
         self._check_count(reply["prompt_tokens"], self._expected_tokens(prompt) + len(answer_ids))
         logprobs = reply["token_logprobs"]
         end = len(logprobs) - reply["completion_tokens"]
@@ -288,9 +300,10 @@ class ServerVictim:
         with ThreadPoolExecutor(max_workers=min(self.max_concurrency, len(items))) as pool:
             return list(pool.map(fn, items))
 
-    def _query(self, path: str, body: dict, read: Callable[[dict], object]):
-        """``read(reply)`` for the request ``body`` to ``path``, from the cache when the same request was sent
-        before (by this or an earlier run: the key is the URL, model and body)."""
+    def _query(self, path: str, body: dict, read: Callable[[dict], object], policy: RequestPolicy | None = None):
+        """``read(reply)`` for the request ``body`` to ``path`` (under ``policy``, default the victim's), from the
+        cache when the same request was sent before (by this or an earlier run: the key is the URL, model and
+        body)."""
         url = _api_url(self.url, path)
         payload = {"model": self.name, **body}
         key = hashlib.sha256(json.dumps({"url": url, "payload": payload}, sort_keys=True).encode()).hexdigest()
@@ -299,7 +312,7 @@ class ServerVictim:
                 self._stats = dataclasses.replace(self._stats, cache_hits=self._stats.cache_hits + 1)
                 return self._cache[key]
         start = time.perf_counter()
-        result = post_json(url, payload, headers=self._headers, policy=self.policy)
+        result = post_json(url, payload, headers=self._headers, policy=policy or self.policy)
         with self._lock:
             self._stats = dataclasses.replace(
                 self._stats,

@@ -16,6 +16,7 @@ from atp_jax.attack.config import AttackConfig
 from atp_jax.attack.problem import AttackInputError
 from atp_jax.eval.scoring import Scorer
 from atp_jax.inference.server import ServerVictim, VictimError
+from atp_jax.runs.experiment import replayed_records
 from atp_jax.runs.records import AttackRecord, SkipRecord
 from atp_jax.tables.prompt import PromptStyle
 from atp_jax.tables.table import Example
@@ -142,28 +143,13 @@ def replay_on_server(
         return [SkipRecord(r["id"], r["attack"], f"victim server failed: {e}", source, retry=True) for r in sources]
     except ValueError as e:  # no reference answer for the CE
         return [SkipRecord(r["id"], r["attack"], str(e), source) for r in sources]
-    spent = (victim.stats() - before).as_dict()
-    out, k = [], 0
-    for r in sources:
-        if "skipped" in r:
-            out.append(SkipRecord(r["id"], r["attack"], r["skipped"], transferred_from=source))
-            continue
-        out.append(
-            AttackRecord(
-                id=example.id,
-                attack=r["attack"],
-                row_perm=list(r["row_perm"]),
-                col_perm=list(r["col_perm"]),
-                answer_loss=chosen[k],
-                clean_loss=clean,
-                queries=1,
-                backward_calls=0,
-                seconds=seconds / len(usable),
-                prediction=predictions[k] if generate else None,
-                scores=scores[k] if generate else {},
-                transferred_from={**source, "answer_loss": r.get("answer_loss")},
-                trace={"objective": "ce" if victim.has_logprobs else "score", "server": spent},
-            )
-        )
-        k += 1
-    return out
+    return replayed_records(
+        example,
+        sources,
+        source,
+        clean_loss=clean,
+        losses=chosen,
+        seconds=seconds,
+        generated=list(zip(predictions, scores)) if generate else None,
+        trace={"objective": "ce" if victim.has_logprobs else "score", "server": (victim.stats() - before).as_dict()},
+    )

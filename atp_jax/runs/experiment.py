@@ -229,27 +229,56 @@ def replay(
     if generate and usable:
         generated = _answer_and_scores(model, example, tables, style, max_new_tokens, scorer)
     generate_seconds = time.perf_counter() - start
+    return replayed_records(
+        example,
+        sources,
+        source,
+        clean_loss=float(losses[0]) if usable else 0.0,
+        losses=[float(v) for v in losses[1:]],
+        seconds=seconds,
+        generated=generated if generate else None,
+        generate_seconds=generate_seconds,
+    )
+
+
+def replayed_records(
+    example: Example,
+    sources: Sequence[dict],
+    source: dict,
+    *,
+    clean_loss: float,
+    losses: Sequence[float],
+    seconds: float,
+    generated: Sequence[tuple[str, dict]] | None = None,
+    generate_seconds: float = 0.0,
+    trace: dict | None = None,
+) -> list[AttackRecord | SkipRecord]:
+    """One record per source record of ``example``: a skipped source stays skipped; the others, in order, take
+    ``losses`` (and ``generated``'s (prediction, scores)), with the time shared out and ``transferred_from`` =
+    ``source`` plus the source record's ``answer_loss``."""
+    replayed = max(1, len(losses))
     out, k = [], 0
     for r in sources:
         if "skipped" in r:
             out.append(SkipRecord(r["id"], r["attack"], r["skipped"], transferred_from=source))
             continue
-        prediction, scores = generated[k] if generate else (None, {})
+        prediction, scores = generated[k] if generated is not None else (None, {})
         out.append(
             AttackRecord(
                 id=example.id,
                 attack=r["attack"],
                 row_perm=list(r["row_perm"]),
                 col_perm=list(r["col_perm"]),
-                answer_loss=float(losses[k + 1]),
-                clean_loss=float(losses[0]),
+                answer_loss=losses[k],
+                clean_loss=clean_loss,
                 queries=1,
                 backward_calls=0,
-                seconds=seconds / len(usable),
+                seconds=seconds / replayed,
                 prediction=prediction,
                 scores=scores,
-                generate_seconds=generate_seconds / len(usable),
+                generate_seconds=generate_seconds / replayed,
                 transferred_from={**source, "answer_loss": r.get("answer_loss")},
+                trace=trace or {},
             )
         )
         k += 1
