@@ -98,6 +98,13 @@ def test_attack_groups_expand_in_order_without_duplicates():
         "atp_joint",
     ]
     assert attack_names(["paper", "all"]) == ["paper", *[a for a in PRESETS if a != "paper"]]
-    assert attack_names(["closed_table"]) == ["vanilla", "random", "best_of_k", "row_reverse", "col_reverse", "evolution"]
+    assert attack_names(["closed_table"]) == [
+        "vanilla",
+        "random",
+        "best_of_k",
+        "row_reverse",
+        "col_reverse",
+        "evolution",
+    ]
     with pytest.raises(ValueError, match="unknown attack.*nope.*or a group: paper_table, closed_table, all"):
         attack_names(["vanilla", "nope"])
