@@ -21,6 +21,7 @@ from atp_jax.models.loading import load_model
 from atp_jax.models.zoo import resolve
 from atp_jax.runs.experiment import select_examples
 from atp_jax.runs.folders import load_run
+from atp_jax.tables.prompt import PromptStyle
 from tests.conftest import REPO, closed_port, run_binary
 from tests.llama_server import SERVED_NAME, LlamaServer
 
@@ -175,6 +176,18 @@ def test_chat_endpoint_attacks_the_answers_score(server, tmp_path):
     for r in records:
         assert r["trace"]["objective"] == "score" and r["trace"]["endpoint"] == "chat"
         assert r["answer_loss"] == pytest.approx(1.0 - r["scores"]["accuracy"])
+
+    # A transfer to a chat-only server: the replayed order's loss is 1 - its answer's score, the original's too.
+    from atp_jax.runs.blackbox import replay_on_server
+
+    (example,) = select_examples("sample", num_examples=1, max_rows=6, max_cols=5)
+    victim = ServerVictim(server.url, SERVED_NAME, "chat", max_concurrency=1)
+    (replayed,) = replay_on_server(
+        victim, example, records[1:], PromptStyle(), source={"model": "x"}, generate=True, max_new_tokens=16
+    )
+    assert replayed.answer_loss == pytest.approx(1.0 - replayed.scores["accuracy"])
+    assert replayed.clean_loss == pytest.approx(1.0 - records[0]["scores"]["accuracy"])
+    assert replayed.trace["objective"] == "score" and replayed.prediction is not None
 
 
 def test_the_query_budget_and_gradient_attacks_are_refused(server, tmp_path):

@@ -22,18 +22,20 @@ from atp_jax.tables.prompt import PromptStyle
 from atp_jax.tables.table import Example
 
 
+def primary_value(example: Example, scores: dict) -> float:
+    """The first number of one answer's scores (the dataset's paper metric, or the judge's when it is the only
+    metric), in [0, 1]: what the score objective maximises."""
+    values = [v for v in scores.values() if isinstance(v, (int, float))]
+    if not values:
+        raise VictimError(f"example {example.id!r}: no numeric score for the server's answer ({scores})")
+    return float(values[0])
+
+
 def primary_score(scorer: Scorer):
-    """``score_fn`` for the score objective: the first number of each answer's scores (the dataset's paper metric,
-    or the judge's when it is the only metric), in [0, 1]."""
+    """``score_fn`` for the score objective: ``primary_value`` of each answer's scores."""
 
     def score_fn(example: Example, predictions: Sequence[str]) -> list[float]:
-        out = []
-        for scores in scorer(example, predictions):
-            values = [v for v in scores.values() if isinstance(v, (int, float))]
-            if not values:
-                raise VictimError(f"example {example.id!r}: no numeric score for the server's answer ({scores})")
-            out.append(float(values[0]))
-        return out
+        return [primary_value(example, scores) for scores in scorer(example, predictions)]
 
     return score_fn
 
@@ -127,16 +129,15 @@ def replay_on_server(
     try:
         start = time.perf_counter()
         tables = [example.table.permute(r["row_perm"], r["col_perm"]) for r in usable]
-        predictions, scores = [None] * len(usable), [{}] * len(usable)
         if victim.has_logprobs:
             losses = victim.answer_losses(example, [example.table, *tables], style) if usable else []
             clean, chosen = (float(losses[0]), [float(v) for v in losses[1:]]) if usable else (0.0, [])
         if generate or not victim.has_logprobs:
             predictions = victim.answers(example, [example.table, *tables], style, max_new_tokens) if usable else []
-            all_scores = scorer(example, predictions) if usable else []
+            all_scores = scorer(example, predictions) if usable else []  # scored once: a judge is asked once
             if not victim.has_logprobs:
-                primary = primary_score(scorer)(example, predictions) if usable else []
-                clean, chosen = (1.0 - primary[0], [1.0 - v for v in primary[1:]]) if usable else (0.0, [])
+                primary = [1.0 - primary_value(example, scores) for scores in all_scores]
+                clean, chosen = (primary[0], primary[1:]) if usable else (0.0, [])
             predictions, scores = predictions[1:], all_scores[1:]
         seconds = time.perf_counter() - start
     except VictimError as e:
