@@ -87,6 +87,16 @@ def tiny_llama(smollm2_tokenizer):
     return functools.partial(_tiny_llama, smollm2_tokenizer)
 
 
+@pytest.fixture(scope="session")
+def sharp(tiny_llama):
+    """A tiny untied decoder with sharp attention: its answers (and so the KL objective) depend on the order."""
+    loaded = tiny_llama(tie_word_embeddings=False)
+    for name in ("q_proj", "k_proj"):
+        weight = getattr(loaded.model.layers, name)
+        weight[...] = 10.0 * weight[...]
+    return loaded
+
+
 def _tiny_llama(tokenizer, *, num_layers: int = 2, tie_word_embeddings: bool = True, seed: int = 0) -> LoadedModel:
     config = ModelConfig(
         architecture="llama",

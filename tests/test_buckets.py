@@ -69,16 +69,6 @@ CELL_SIZES = ("rows", "cols", "cell_tokens")
 TEXT_SIZES = ("body", "prefix", "answer")
 
 
-@pytest.fixture(scope="module")
-def sharp(tiny_llama):
-    """A tiny untied decoder with sharp attention: its answers (and so the KL objective) depend on the order."""
-    loaded = tiny_llama(tie_word_embeddings=False)
-    for name in ("q_proj", "k_proj"):
-        weight = getattr(loaded.model.layers, name)
-        weight[...] = 10.0 * weight[...]
-    return loaded
-
-
 def edge_grid(sizes: Sizes, on_edge: tuple[str, ...]) -> BucketGrid:
     """A grid where the sizes named in ``on_edge`` sit exactly on a rung (no padding) and every other one is
     one over a rung (padded up to the next: about double)."""

@@ -364,3 +364,20 @@ def test_missing_cells_in_a_file_are_empty_cells(tmp_path):
     path = _write_lines(tmp_path / "nan.jsonl", [json.dumps(record)])  # json writes NaN; Python reads it back
     (example,) = load_jsonl(path)
     assert example.table.rows == (("A", ""), ("B", ""))
+
+
+def test_select_examples_by_id_keeps_the_datasets_order_and_names_what_is_missing():
+    from atp_jax.runs.experiment import select_examples
+
+    everything = select_examples("sample", drop_order_sensitive=False)
+    order_free = {e.id for e in select_examples("sample")}
+    first, second = [e.id for e in everything if e.id in order_free][2:4]
+    picked = select_examples("sample", ids=[second, first])
+    assert [e.id for e in picked] == [first, second]
+    assert [e.id for e in select_examples("sample", ids=[second, first], num_examples=1)] == [first]
+    with pytest.raises(ValueError, match="nt-nowhere are not in the dev split"):
+        select_examples("sample", ids=[first, "nt-nowhere"])
+    dependent = next(e.id for e in everything if e.id not in order_free)
+    with pytest.raises(ValueError, match=f"{dependent} are dropped by the filters"):
+        select_examples("sample", ids=[dependent])
+    assert [e.id for e in select_examples("sample", drop_order_sensitive=False, ids=[dependent])] == [dependent]

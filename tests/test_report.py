@@ -17,7 +17,7 @@ from conftest import run_binary
 from atp_jax.runs.ablation import plot_sweeps, sweep_rows, sweep_value
 from atp_jax.runs.folders import load_run, results_files
 from atp_jax.runs.records import append_record
-from atp_jax.runs.report import plot_scores, score_csv, score_latex, score_markdown, score_tables
+from atp_jax.runs.report import agreement_rows, plot_scores, score_csv, score_latex, score_markdown, score_tables
 from atp_jax.stats import bootstrap_interval
 
 
@@ -459,3 +459,38 @@ def test_latex_table_compiles_with_booktabs(tmp_path):
     )
     assert done.returncode == 0, done.stdout[-3000:]
     assert (tmp_path / "doc.pdf").read_bytes().startswith(b"%PDF")
+
+
+# --------------------------------------------------------------------------- agreement of two runs
+
+
+def test_agreement_of_two_runs_pairs_questions_and_attacks(tmp_path):
+    first = [
+        {**rec("e1", "best_of_k", 2.0), "row_perm": [1, 0], "compiles": {"compile_seconds": 3.0}},
+        {**rec("e2", "best_of_k", 1.0), "row_perm": [0, 1], "compiles": {"compile_seconds": 1.0}},
+        rec("e1", "vanilla", 1.0),
+        rec("e9", "vanilla", 5.0),  # only in the first run: not paired
+    ]
+    second = [
+        {**rec("e1", "best_of_k", 2.25), "row_perm": [1, 0], "seconds": 0.3, "compiles": {"trace_seconds": 0.5}},
+        {**rec("e2", "best_of_k", 1.5), "row_perm": [1, 0], "clean_loss": 1.25, "seconds": 0.1},
+        {**rec("e1", "vanilla", 1.0), "seconds": 0.05},
+        {"id": "e3", "attack": "vanilla", "skipped": "too long"},
+    ]
+    rows = {row["attack"]: row for row in agreement_rows(first, second)}
+    assert rows["best_of_k"]["pairs"] == 2 and rows["best_of_k"]["same_order"] == "1/2"
+    assert rows["best_of_k"]["mean_abs_dloss"] == pytest.approx((0.25 + 0.5) / 2)
+    assert rows["best_of_k"]["max_abs_dloss"] == pytest.approx(0.5)
+    assert rows["best_of_k"]["mean_abs_dclean"] == pytest.approx(0.125)
+    assert rows["best_of_k"]["attack_s_ratio"] == pytest.approx(0.4 / 0.2)
+    assert (rows["best_of_k"]["compile_s_a"], rows["best_of_k"]["compile_s_b"]) == (4.0, 0.5)
+    assert rows["vanilla"]["pairs"] == 1 and rows["vanilla"]["attack_s_ratio"] == pytest.approx(0.5)
+
+
+def test_report_agreement_needs_two_folders(folders):
+    a, b, c = folders
+    done = run_binary("report", ["--results", f"{a},{b}", "--agreement"])
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"{b} against {a}" in done.stdout and "| vanilla | 1 | 0.500 |" in done.stdout
+    done = run_binary("report", ["--results", str(a), "--agreement"])
+    assert done.returncode != 0 and "two results folders" in done.stderr

@@ -158,16 +158,17 @@ def run_atp(model: Transformer, t: ProblemTensors, keys, cfg: ATPConfig):
     One compile per shape bucket, step count, Sinkhorn sweeps, objective and Hungarian backend; every other
     setting is a value (see ``_settings``).
     """
-    return _run_atp(
-        model,
-        t,
-        keys,
-        _settings(cfg),
-        n_attack=cfg.n_attack,
-        sinkhorn_iters=cfg.sinkhorn_iters,
-        objective=cfg.objective,
-        hungarian=cfg.hungarian,
-    )
+    return _run_atp(model, t, keys, _settings(cfg), **_static(cfg))
+
+
+def _static(cfg: ATPConfig) -> dict:
+    """The config fields that shape the computation (each value its own compile)."""
+    return {
+        "n_attack": cfg.n_attack,
+        "sinkhorn_iters": cfg.sinkhorn_iters,
+        "objective": cfg.objective,
+        "hungarian": cfg.hungarian,
+    }
 
 
 @functools.partial(jax.jit, static_argnames=("n_attack", "sinkhorn_iters", "objective", "hungarian"))
@@ -228,7 +229,7 @@ def atp_attack(evaluator: Evaluator, cfg: ATPConfig, rng: np.random.Generator | 
     del rng
     keys = jax.random.split(jax.random.key(cfg.seed), cfg.restarts)
     keys = place_batch(keys, evaluator.loaded.mesh)  # restarts split over the mesh's data axis
-    trace, final_r, final_c = run_atp(evaluator.loaded.model, evaluator.problem.tensors, keys, cfg)
+    trace, final_r, final_c = evaluator.compute(_run_atp, keys, _settings(cfg), **_static(cfg))
     trace = jax.tree.map(np.asarray, trace)
     n, m = evaluator.problem.n_rows, evaluator.problem.n_cols  # the real orders: the pads come after them
     trace["row_perm"], trace["col_perm"] = trace["row_perm"][..., :n], trace["col_perm"][..., :m]

@@ -101,6 +101,12 @@ class Evaluator(Oracle):
         self.start = time.perf_counter()
         self._true_cache: dict[tuple, float] = {}
 
+    def compute(self, fn, *args, **static):
+        """``fn(model, tensors, *args, **static)``: every device computation an attack makes on its problem goes
+        through here, so that ``atp_jax.attack.batched`` can batch it over several examples. ``fn`` is a jitted
+        function whose static arguments are ``static``."""
+        return fn(self.loaded.model, self.problem.tensors, *args, **static)
+
     def losses(self, row_perms, col_perms) -> np.ndarray:
         """Objective ``[B]`` of hard orders (the layout's tokens: one batched forward per chunk).
 
@@ -117,9 +123,8 @@ class Evaluator(Oracle):
             rows = np.concatenate([rows, np.repeat(rows[:1], size - real, 0)])
             cols = np.concatenate([cols, np.repeat(cols[:1], size - real, 0)])
             rows, cols = self.problem.padded_orders(rows, cols)
-            values = hard_losses(
-                self.loaded.model,
-                self.problem.tensors,
+            values = self.compute(
+                hard_losses,
                 place_batch(rows, self.loaded.mesh),  # the orders split over the mesh's data axis
                 place_batch(cols, self.loaded.mesh),
                 objective=self.problem.objective,

@@ -34,10 +34,7 @@ def attack(
     """
     config = preset("atp_joint") if config is None else config
     method = registry.method_of(config)
-    if config.mode == "row" and example.table.n_rows < 2:
-        raise AttackInputError(f"example {example.id!r} has one data row: nothing to permute in mode 'row'")
-    if config.mode == "col" and example.table.n_cols < 2:
-        raise AttackInputError(f"example {example.id!r} has one column: nothing to permute in mode 'col'")
+    check_mode(example, config)
     if problem is None:
         problem = make_problem(model, example, style, config.objective)
     elif problem.objective != config.objective or problem.style != style:
@@ -45,3 +42,11 @@ def attack(
     evaluator = Evaluator(model, problem)
     result = method.run(evaluator, config, np.random.default_rng(config.seed))
     return dataclasses.replace(result, method=name or config.method)
+
+
+def check_mode(example: Example, config: AttackConfig) -> None:
+    """Raises ``AttackInputError`` when the dimension ``config.mode`` permutes has a single entry."""
+    if config.mode == "row" and example.table.n_rows < 2:
+        raise AttackInputError(f"example {example.id!r} has one data row: nothing to permute in mode 'row'")
+    if config.mode == "col" and example.table.n_cols < 2:
+        raise AttackInputError(f"example {example.id!r} has one column: nothing to permute in mode 'col'")

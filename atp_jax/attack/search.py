@@ -57,8 +57,8 @@ def order_gradients(evaluator: Evaluator, row_perm, col_perm) -> tuple[float, np
     counted here)."""
     problem = evaluator.problem
     rows, cols = problem.padded_orders(row_perm, col_perm)
-    value, g_r, g_c = _order_gradients(
-        evaluator.loaded.model, problem.tensors, jnp.asarray(rows), jnp.asarray(cols), problem.objective
+    value, g_r, g_c = evaluator.compute(
+        _order_gradients, jnp.asarray(rows), jnp.asarray(cols), objective=problem.objective
     )
     n, m = problem.n_rows, problem.n_cols
     return float(value), np.asarray(g_r)[:n, :n], np.asarray(g_c)[:m, :m]

@@ -172,6 +172,7 @@ def main(argv):
         max_new_tokens=FLAGS.max_new_tokens,
         memory_budget_bytes=selection.memory_budget(),
         buckets=selection.bucket_grid(),
+        batch_examples=FLAGS.batch_examples,
     )
     for sink in sinks:
         sink.close()

@@ -26,7 +26,9 @@ from atp_jax.runs.defense_report import defense_metrics, defense_table
 from atp_jax.runs.folders import load_run
 from atp_jax.runs.report import (
     LOSS_METRIC,
+    agreement_rows,
     comparison_markdown,
+    markdown_table,
     paired_comparisons,
     plot_scores,
     score_csv,
@@ -61,6 +63,13 @@ _COMPARE = flags.DEFINE_bool(
     False,
     "Also print paired comparisons of each gradient method with its "
     "reversed/random-direction controls and with best-of-20 (per-example differences).",
+)
+_AGREEMENT = flags.DEFINE_bool(
+    "agreement",
+    False,
+    "With two --results folders of the same attacks and questions (float32 and --dtype bfloat16, or two code "
+    "versions): print per attack how far the second's losses and chosen orders are from the first's, and its time "
+    "over the first's.",
 )
 _OUTPUT = flags.DEFINE_string(
     "output", None, "Prefix of the .md, .csv, .tex, .pdf and .png files to write (none: print only)."
@@ -104,6 +113,13 @@ def main(argv):
                     f"### {run.dataset}: {run.model}, paired comparisons ({run.folder})\n\n"
                     + comparison_markdown(rows, metric)
                 )
+    if _AGREEMENT.value:
+        if len(runs) != 2:
+            sys.exit(f"--agreement compares two results folders; --results names {len(runs)}")
+        rows = agreement_rows(runs[0].records, runs[1].records)
+        if not rows:
+            sys.exit(f"--agreement: {runs[0].folder} and {runs[1].folder} share no recorded (question, attack) pair")
+        sections.append(f"### {runs[1].folder} against {runs[0].folder}\n\n" + markdown_table(rows))
     markdown = "\n\n".join(sections)
     print(markdown)
     if _OUTPUT.value:

@@ -195,6 +195,8 @@ def main(argv):
         victim_flags.check_attacks(attacks)
         if smoothing_ks:
             sys.exit("--smoothing_k runs in process: drop it with --victim_url")
+        if FLAGS.batch_examples > 1:
+            sys.exit("--batch_examples batches questions on an in-process model: drop it with --victim_url")
     smoothing = None
     if smoothing_ks:
         smoothing = SmoothingConfig(
@@ -258,6 +260,7 @@ def main(argv):
             "smoothing_ks": smoothing_ks or None,
             "memory_budget_bytes": selection.memory_budget(),
             "buckets": selection.bucket_grid(),
+            "batch_examples": FLAGS.batch_examples,
         }
     judge = judge_url
     if FLAGS.judge_model:

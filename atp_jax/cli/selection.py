@@ -70,6 +70,7 @@ def define_flags(num_examples: int, max_rows: int = 12, max_cols: int = 8, shard
     )
     flags.DEFINE_integer("max_rows", max_rows, "Skip tables with more data rows.")
     flags.DEFINE_integer("max_cols", max_cols, "Skip tables with more columns.")
+    flags.DEFINE_list("ids", [], "Only the questions of these ids (after the filters, in the dataset's order).")
     if sharding:
         flags.DEFINE_integer("process_index", None, "This process's shard (default: jax.process_index()).")
         flags.DEFINE_integer("process_count", None, "Number of shards (default: jax.process_count()).")
@@ -95,6 +96,7 @@ def examples(process_index: int = 0, process_count: int = 1) -> list[Example]:
             process_index,
             process_count,
             order_filter=FLAGS.order_filter,
+            ids=FLAGS.ids,
         )
     except (OSError, ValueError, DatasetUnavailableError) as e:
         sys.exit(f"--dataset {FLAGS.dataset}: {e}")
@@ -111,6 +113,7 @@ def manifest() -> dict:
         "order_filter": FLAGS.order_filter,
         "max_rows": FLAGS.max_rows,
         "max_cols": FLAGS.max_cols,
+        **({"ids": FLAGS.ids} if FLAGS.ids else {}),  # only when set: earlier folders keep their identity
     }
 
 
@@ -177,6 +180,15 @@ def define_bucket_flags() -> None:
         DEFAULT_BUCKETS.candidate_batch,
         "With --buckets: orders scored per forward, every batch padded to it (8 suits a CPU; on an "
         "accelerator 32 scores best-of-20 in one forward).",
+        lower_bound=1,
+    )
+    flags.DEFINE_integer(
+        "batch_examples",
+        1,
+        "Attack this many questions of one shape bucket at once, each attack vmapped over them (best-of-k, "
+        "evolution, ATP, search alike) and their answers generated in one batch: what keeps a GPU or TPU busy. "
+        "The records are the same as one at a time, so this is not part of a results folder's identity; on a "
+        "CPU, 1 is as fast.",
         lower_bound=1,
     )
 

@@ -121,10 +121,22 @@ def answers(
     max_new_tokens: int | None = None,
 ) -> list[str]:
     """The model's answers (extracted from greedy replies) for the example under each table."""
+    return answers_many(loaded, [(example, t) for t in tables], style, max_new_tokens)
+
+
+def answers_many(
+    loaded: LoadedModel,
+    questions: Sequence[tuple[Example, Table]],
+    style: PromptStyle = PromptStyle(),
+    max_new_tokens: int | None = None,
+) -> list[str]:
+    """The model's answers to several (example, table) pairs, possibly of different examples, in one batched
+    generation."""
     if max_new_tokens is None:
         max_new_tokens = 32 if style.reasoning == "concise" else 256
-    prompts = [prompt_ids(loaded, example, t, style) for t in tables]
-    check_context(loaded, example, max(len(p) for p in prompts), max_new_tokens)
+    prompts = [prompt_ids(loaded, example, table, style) for example, table in questions]
+    for (example, _), prompt in sorted(zip(questions, prompts), key=lambda q: -len(q[1]))[:1]:
+        check_context(loaded, example, len(prompt), max_new_tokens)  # the longest prompt decides
     replies = generate_ids(loaded, prompts, max_new_tokens)
     return [extract_answer(loaded.tokenizer.decode(r, skip_special_tokens=True), style) for r in replies]
 

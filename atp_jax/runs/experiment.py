@@ -16,9 +16,10 @@ from collections.abc import Sequence
 import jax
 
 from atp_jax.attack import registry
+from atp_jax.attack.batched import attack_many, bucket_key
 from atp_jax.attack.config import AttackConfig
-from atp_jax.attack.problem import AttackInputError, make_problem
-from atp_jax.attack.run import attack
+from atp_jax.attack.problem import AttackInputError, AttackProblem, make_problem
+from atp_jax.attack.run import attack, check_mode
 from atp_jax.data.datasets import DEFAULT_ORDER_FILTER, filter_examples, load_dataset
 from atp_jax.defense.smoothing import SmoothingConfig, smoothed_answers
 from atp_jax.eval.scoring import Scorer
@@ -26,6 +27,7 @@ from atp_jax.inference.qa import (
     InputTooLong,
     answer_losses,
     answers,
+    answers_many,
     check_context,
     prompt_ids,
 )
@@ -48,6 +50,7 @@ def select_examples(
     process_index: int = 0,
     process_count: int = 1,
     order_filter: str = DEFAULT_ORDER_FILTER,
+    ids: Sequence[str] = (),
 ) -> list[Example]:
     """The examples one process attacks.
 
@@ -56,7 +59,8 @@ def select_examples(
     ``"keywords"`` is the paper's keyword rule; see ``atp_jax.data.order_filter``;
     ``drop_order_sensitive=False`` keeps them), because a permutation must not change the right answer —
     else an "attack" that changes the model's answer is simply correct; keeps tables of at most
-    ``max_rows`` x ``max_cols``; takes the first ``num_examples`` (0: all), then every
+    ``max_rows`` x ``max_cols``; with ``ids``, only the questions of those ids (in the dataset's order; an id
+    the dataset lacks or the filters drop raises, saying which); takes the first ``num_examples`` (0: all), then every
     ``process_count``-th from ``process_index``: shards are disjoint and together cover the selection,
     whatever the number of processes.
     """
@@ -67,13 +71,28 @@ def select_examples(
         )
     if num_examples < 0:
         raise ValueError(f"num_examples={num_examples}: pass 0 for all examples or a positive count")
+    loaded = load_dataset(dataset, split, data_dir)
     examples = filter_examples(
-        load_dataset(dataset, split, data_dir),
+        loaded,
         order_sensitive=False if drop_order_sensitive else None,
         max_rows=max_rows,
         max_cols=max_cols,
         order_filter=order_filter,
     )
+    if ids:
+        kept = {example.id for example in examples}
+        missing = [i for i in ids if i not in kept]
+        if missing:
+            known = {example.id for example in loaded}
+            absent = [i for i in missing if i not in known]
+            raise ValueError(
+                f"ids {', '.join(absent)} are not in the {split} split"
+                if absent
+                else f"ids {', '.join(missing)} are dropped by the filters (order-sensitive question or a table over "
+                "max rows/columns): loosen them, or pick other ids"
+            )
+        wanted = set(ids)
+        examples = [example for example in examples if example.id in wanted]
     if num_examples:
         examples = examples[:num_examples]
     return examples[process_index::process_count]
@@ -139,24 +158,12 @@ def run_one(
     ``{"prediction", "scores", "agreement"}`` (see ``atp_jax.defense.smoothing``), and ``defense_seconds``
     the time of its one batched generation.
     """
-    if smoothing is not None and not generate:
-        raise ValueError("smoothing votes over generated answers: pass generate=True, or smoothing=None")
+    _check_smoothing(smoothing, generate)
     problems = {} if problems is None else problems
     try:
-        if generate:  # the answer under the chosen order must fit too: find out before the attack runs
-            check_context(model, example, len(prompt_ids(model, example, style=style)), max_new_tokens)
-        if config.objective not in problems:
-            problems[config.objective] = make_problem(model, example, style, config.objective, buckets=buckets)
-        problem = problems[config.objective]
-        if memory_budget_bytes is not None:
-            method = registry.method_of(config)
-            batch = getattr(config, "restarts", 1) if method.uses_gradient else problem.candidate_batches[-1]
-            need = problem.attention_bytes(model.config, batch, through_layers=method.uses_gradient)
-            if need > memory_budget_bytes:
-                raise AttackInputError(
-                    f"example {example.id!r}: attention alone needs {need / 2**30:.1f} GiB, over the "
-                    f"memory budget of {memory_budget_bytes / 2**30:.1f} GiB (--memory_budget_gb)"
-                )
+        problem = _prepare(
+            model, example, config, style, problems, generate, max_new_tokens, memory_budget_bytes, buckets
+        )
         result = attack(model, example, config, style, name=name, problem=problem)
     except (AttackInputError, InputTooLong) as e:
         return SkipRecord(example.id, name, str(e))
@@ -164,7 +171,156 @@ def run_one(
     prediction, scores = None, {}
     if generate:
         ((prediction, scores),) = _answer_and_scores(model, example, [result.table], style, max_new_tokens, scorer)
-    generate_seconds = time.perf_counter() - start
+    return _record(
+        model,
+        example,
+        name,
+        result,
+        style,
+        prediction,
+        scores,
+        time.perf_counter() - start,
+        smoothing=smoothing,
+        smoothing_ks=smoothing_ks,
+        scorer=scorer,
+        max_new_tokens=max_new_tokens,
+    )
+
+
+def run_group(
+    model: LoadedModel,
+    examples: Sequence[Example],
+    name: str,
+    config: AttackConfig,
+    style: PromptStyle,
+    *,
+    problems: dict[str, dict] | None = None,
+    generate: bool = True,
+    max_new_tokens: int = 32,
+    smoothing: SmoothingConfig | None = None,
+    smoothing_ks: Sequence[int] | None = None,
+    scorer: Scorer | None = None,
+    memory_budget_bytes: int | None = None,
+    buckets: BucketGrid | None = DEFAULT_BUCKETS,
+) -> list[AttackRecord | SkipRecord]:
+    """``run_one`` for several examples at once: the examples of one shape bucket are attacked as one batch
+    (``atp_jax.attack.batched.attack_many``) and their answers generated in one batch; one record per example,
+    in order, each as ``run_one`` would make it (its ``seconds`` the example's share of its group's time).
+
+    ``problems`` maps an example's id to its precomputation cache (as ``run_one``'s ``problems``).
+    """
+    _check_smoothing(smoothing, generate)
+    problems = {} if problems is None else problems
+    records: dict[str, AttackRecord | SkipRecord] = {}
+    groups: dict[tuple, list[tuple[Example, AttackProblem]]] = {}
+    for example in examples:
+        try:
+            check_mode(example, config)
+            cache = problems.setdefault(example.id, {})
+            problem = _prepare(
+                model, example, config, style, cache, generate, max_new_tokens, memory_budget_bytes, buckets
+            )
+        except (AttackInputError, InputTooLong) as e:
+            records[example.id] = SkipRecord(example.id, name, str(e))
+        else:
+            groups.setdefault(bucket_key(problem), []).append((example, problem))
+    for group in groups.values():
+        try:
+            results = attack_many(model, [problem for _, problem in group], config, name)
+        except AttackInputError:  # some example of the group cannot take it: each alone, for its own record
+            for example, _ in group:
+                records[example.id] = run_one(
+                    model,
+                    example,
+                    name,
+                    config,
+                    style,
+                    problems=problems[example.id],
+                    generate=generate,
+                    max_new_tokens=max_new_tokens,
+                    smoothing=smoothing,
+                    smoothing_ks=smoothing_ks,
+                    scorer=scorer,
+                    memory_budget_bytes=memory_budget_bytes,
+                    buckets=buckets,
+                )
+            continue
+        start = time.perf_counter()
+        predictions: list = [None] * len(group)
+        if generate:
+            questions = [(example, result.table) for (example, _), result in zip(group, results)]
+            predictions = answers_many(model, questions, style, max_new_tokens)
+        share = (time.perf_counter() - start) / len(group)
+        for (example, _), result, prediction in zip(group, results, predictions):
+            scores = (scorer or Scorer())(example, [prediction])[0] if generate else {}
+            records[example.id] = _record(
+                model,
+                example,
+                name,
+                result,
+                style,
+                prediction,
+                scores,
+                share,
+                smoothing=smoothing,
+                smoothing_ks=smoothing_ks,
+                scorer=scorer,
+                max_new_tokens=max_new_tokens,
+            )
+    return [records[example.id] for example in examples]
+
+
+def _check_smoothing(smoothing: SmoothingConfig | None, generate: bool) -> None:
+    if smoothing is not None and not generate:
+        raise ValueError("smoothing votes over generated answers: pass generate=True, or smoothing=None")
+
+
+def _prepare(
+    model: LoadedModel,
+    example: Example,
+    config: AttackConfig,
+    style: PromptStyle,
+    problems: dict,
+    generate: bool,
+    max_new_tokens: int,
+    memory_budget_bytes: int | None,
+    buckets: BucketGrid | None,
+) -> AttackProblem:
+    """The example's problem for ``config``'s objective (from ``problems`` or made into it); raises
+    ``AttackInputError`` / ``InputTooLong`` for an example the attack cannot take."""
+    if generate:  # the answer under the chosen order must fit too: find out before the attack runs
+        check_context(model, example, len(prompt_ids(model, example, style=style)), max_new_tokens)
+    if config.objective not in problems:
+        problems[config.objective] = make_problem(model, example, style, config.objective, buckets=buckets)
+    problem = problems[config.objective]
+    if memory_budget_bytes is not None:
+        method = registry.method_of(config)
+        batch = getattr(config, "restarts", 1) if method.uses_gradient else problem.candidate_batches[-1]
+        need = problem.attention_bytes(model.config, batch, through_layers=method.uses_gradient)
+        if need > memory_budget_bytes:
+            raise AttackInputError(
+                f"example {example.id!r}: attention alone needs {need / 2**30:.1f} GiB, over the "
+                f"memory budget of {memory_budget_bytes / 2**30:.1f} GiB (--memory_budget_gb)"
+            )
+    return problem
+
+
+def _record(
+    model: LoadedModel,
+    example: Example,
+    name: str,
+    result,
+    style: PromptStyle,
+    prediction: str | None,
+    scores: dict,
+    generate_seconds: float,
+    *,
+    smoothing: SmoothingConfig | None,
+    smoothing_ks: Sequence[int] | None,
+    scorer: Scorer | None,
+    max_new_tokens: int,
+) -> AttackRecord:
+    """The record of one attack's result (and, with ``smoothing``, the defense on its order)."""
     record = AttackRecord(
         id=example.id,
         attack=name,

@@ -131,6 +131,51 @@ def compile_rows(records: Iterable[dict]) -> list[dict]:
     return rows
 
 
+def agreement_rows(reference: Iterable[dict], other: Iterable[dict]) -> list[dict]:
+    """How far a second run of the same attacks on the same questions is from a first, per attack, over the
+    (example, attack) pairs both recorded: mean and largest |Δ| of the chosen order's reference-answer loss and
+    of the original order's, how often the two chose the same order, and the second run's time (attacks and
+    compiles) over the first's. For a numeric change (bfloat16 against float32) or a code change (before
+    and after), measured on the same questions."""
+    first = {(r["id"], r["attack"]): r for r in reference if "skipped" not in r}
+    rows: dict[str, dict] = {}
+    for record in other:
+        key = (record.get("id"), record.get("attack"))
+        if "skipped" in record or key not in first:
+            continue
+        a, b = first[key], record
+        row = rows.setdefault(
+            key[1], {"attack": key[1], "pairs": 0, "dloss": [], "dclean": [], "same": 0, "s_a": 0.0, "s_b": 0.0}
+        )
+        row["pairs"] += 1
+        row["dloss"].append(abs(b["answer_loss"] - a["answer_loss"]))
+        row["dclean"].append(abs(b["clean_loss"] - a["clean_loss"]))
+        row["same"] += (a["row_perm"], a["col_perm"]) == (b["row_perm"], b["col_perm"])
+        compile_seconds = lambda r: sum(  # noqa: E731
+            (r.get("compiles") or {}).get(k, 0.0) for k in ("trace_seconds", "lower_seconds", "compile_seconds")
+        )
+        row["s_a"] += a["seconds"]
+        row["s_b"] += b["seconds"]
+        row.setdefault("c_a", 0.0)
+        row.setdefault("c_b", 0.0)
+        row["c_a"] += compile_seconds(a)
+        row["c_b"] += compile_seconds(b)
+    return [
+        {
+            "attack": row["attack"],
+            "pairs": row["pairs"],
+            "mean_abs_dloss": float(np.mean(row["dloss"])),
+            "max_abs_dloss": float(np.max(row["dloss"])),
+            "mean_abs_dclean": float(np.mean(row["dclean"])),
+            "same_order": f"{row['same']}/{row['pairs']}",
+            "attack_s_ratio": row["s_b"] / row["s_a"] if row["s_a"] else float("nan"),
+            "compile_s_a": row["c_a"],
+            "compile_s_b": row["c_b"],
+        }
+        for row in rows.values()
+    ]
+
+
 # --------------------------------------------------------------------------- aggregation
 
 
