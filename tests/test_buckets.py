@@ -102,15 +102,15 @@ def problems(sharp):
     return get
 
 
-def _assert_traces_match(padded, exact, where=""):
+def _assert_traces_match(padded, exact, where="", rtol=1e-6, atol=1e-5):
     if isinstance(exact, dict):
         assert padded.keys() == exact.keys(), where
         for key in exact:
-            _assert_traces_match(padded[key], exact[key], f"{where}.{key}")
+            _assert_traces_match(padded[key], exact[key], f"{where}.{key}", rtol, atol)
     elif isinstance(exact, list) and exact and isinstance(exact[0], (list, dict)):
         assert len(padded) == len(exact), where
         for i, (p, e) in enumerate(zip(padded, exact)):
-            _assert_traces_match(p, e, f"{where}[{i}]")
+            _assert_traces_match(p, e, f"{where}[{i}]", rtol, atol)
     elif isinstance(exact, (int, bool)) and not isinstance(exact, float):
         assert padded == exact, where
     elif where.split(".")[-1].startswith("entropy"):
@@ -118,7 +118,7 @@ def _assert_traces_match(padded, exact, where=""):
         # cancels (the KL near its minimum) its float32 rounding moves θ by ~1e-5 relative.
         np.testing.assert_allclose(padded, exact, rtol=1e-4, err_msg=where)
     else:
-        np.testing.assert_allclose(padded, exact, rtol=1e-6, atol=1e-5, err_msg=where)
+        np.testing.assert_allclose(padded, exact, rtol=rtol, atol=atol, err_msg=where)
 
 
 def test_ladders_and_the_grid_pad_up_never_down():
@@ -271,8 +271,11 @@ def test_smollm2_attacks_choose_the_same_orders_padded_or_not(smollm2, name):
     )
     assert (padded.row_perm, padded.col_perm, padded.queries) == (exact.row_perm, exact.col_perm, exact.queries)
     losses = ([padded.loss, padded.clean_loss], [exact.loss, exact.clean_loss])
-    np.testing.assert_allclose(*losses, rtol=1e-6, atol=1e-5, err_msg=name)
-    _assert_traces_match(padded.trace, exact.trace, name)
+    # 30 layers in float32: padding changes the matmuls' shapes and so their summation order, which moves a
+    # CE of ~4 nats by up to ~1e-5 of itself and a KL of ~0.5 by up to ~2e-5 on some CPUs (the tiny models
+    # above stay within 1e-6 relative and 1e-5 absolute).
+    np.testing.assert_allclose(*losses, rtol=1e-5, atol=3e-5, err_msg=name)
+    _assert_traces_match(padded.trace, exact.trace, name, rtol=1e-5, atol=3e-5)
 
 
 @pytest.fixture
@@ -306,7 +309,7 @@ def test_exact_sizes_keep_todays_candidate_batches(sharp):
     problem = make_problem(sharp, SMALL, buckets=None)
     assert problem.candidate_batches == (1, 2, 4, 8) and problem.sizes == problem.layout.sizes
     padded = make_problem(sharp, SMALL, buckets=dataclasses.replace(DEFAULT_BUCKETS, candidate_batch=32))
-    assert padded.candidate_batches == (32,)
+    assert padded.candidate_batches == (1, 32)  # one order alone does not pay for a full batch
 
 
 def test_run_attack_records_the_same_results_with_or_without_buckets(tiny_checkpoint, tmp_path):

@@ -17,7 +17,15 @@ from conftest import run_binary
 from atp_jax.runs.ablation import plot_sweeps, sweep_rows, sweep_value
 from atp_jax.runs.folders import load_run, results_files
 from atp_jax.runs.records import append_record
-from atp_jax.runs.report import agreement_rows, plot_scores, score_csv, score_latex, score_markdown, score_tables
+from atp_jax.runs.report import (
+    agreement_rows,
+    broken_answers,
+    plot_scores,
+    score_csv,
+    score_latex,
+    score_markdown,
+    score_tables,
+)
 from atp_jax.stats import bootstrap_interval
 
 
@@ -494,3 +502,22 @@ def test_report_agreement_needs_two_folders(folders):
     assert f"{b} against {a}" in done.stdout and "| vanilla | 1 | 0.500 |" in done.stdout
     done = run_binary("report", ["--results", str(a), "--agreement"])
     assert done.returncode != 0 and "two results folders" in done.stderr
+
+
+def test_broken_answers_are_right_in_the_original_order_and_wrong_in_the_attacks():
+    records = [
+        {**rec("e1", "vanilla", 1.0, accuracy=1.0), "prediction": "Cuba"},
+        {**rec("e1", "best_of_k", 2.0, accuracy=0.0), "prediction": "Ecuador"},
+        {**rec("e1", "random", 1.1, accuracy=1.0), "prediction": "Cuba"},
+        {**rec("e2", "vanilla", 1.0, accuracy=0.0), "prediction": "2"},
+        {**rec("e2", "best_of_k", 2.0, accuracy=0.0), "prediction": "3"},  # wrong already: not broken
+        {"id": "e1", "attack": "evolution", "skipped": "too long"},
+    ]
+    assert broken_answers(records) == [
+        {"id": "e1", "attack": "best_of_k", "vanilla_answer": "Cuba", "attacked_answer": "Ecuador", "score": 0.0}
+    ]
+    from atp_jax.runs.report import summarize
+
+    rows = {row["attack"]: row for row in summarize([r for r in records if "skipped" not in r])}
+    assert rows["best_of_k"]["broken"] == "1/1" and rows["random"]["broken"] == "0/1"
+    assert "broken" not in rows["vanilla"]

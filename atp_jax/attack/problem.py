@@ -90,10 +90,10 @@ class AttackProblem:
 
     @property
     def candidate_batches(self) -> tuple[int, ...]:
-        """The batch sizes candidate orders are padded to: the grid's one size, or without buckets powers of
-        two up to 8 (less padding, more programs)."""
+        """The batch sizes candidate orders are padded to: the grid's (one order, or its candidate batch), or
+        without buckets powers of two up to 8 (less padding, more programs)."""
         if self.buckets is not None:
-            return (self.buckets.candidate_batch,)
+            return self.buckets.candidate_batches
         return _EXACT_CANDIDATE_BATCHES
 
     def padded_orders(self, row_perms, col_perms) -> tuple[np.ndarray, np.ndarray]:

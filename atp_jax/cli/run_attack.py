@@ -37,7 +37,7 @@ from atp_jax.models.loading import DEFAULT_MODEL
 from atp_jax.runs.defense_report import defense_table
 from atp_jax.runs.folders import merge_records, results_files
 from atp_jax.runs.loop import Job, pending, run_pending
-from atp_jax.runs.report import compile_rows, markdown_table, summarize
+from atp_jax.runs.report import broken_answers, compile_rows, markdown_table, summarize
 from atp_jax.tables.linearize import STYLES
 from atp_jax.tables.prompt import ANSWER_FORMATS, PromptStyle
 
@@ -300,6 +300,10 @@ def main(argv):
     if process_count > 1:
         print(f"Every shard of {folder.path} recorded so far (atp-report --results {folder.path} when all are done):")
     print(markdown_table(summarize(records)))
+    broken = broken_answers(records)
+    if broken:
+        print("\nAnswers right in the original order and wrong in the attack's:")
+        print(markdown_table(broken))
     compiles = compile_rows(records)
     if compiles:
         print("\nCompiles (XLA programs built and seconds spent making them, per attack):")

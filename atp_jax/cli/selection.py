@@ -178,8 +178,8 @@ def define_bucket_flags() -> None:
     flags.DEFINE_integer(
         "candidate_batch",
         DEFAULT_BUCKETS.candidate_batch,
-        "With --buckets: orders scored per forward, every batch padded to it (8 suits a CPU; on an "
-        "accelerator 32 scores best-of-20 in one forward).",
+        "With --buckets: orders scored per forward, every batch of two or more padded to it (a single order is "
+        "scored alone; 8 suits a CPU; on an accelerator 32 scores best-of-20 in one forward).",
         lower_bound=1,
     )
     flags.DEFINE_integer(

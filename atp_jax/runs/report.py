@@ -68,13 +68,16 @@ def _is_score(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def summarize(records: Iterable[dict], reference: str = REFERENCE_ATTACK) -> list[dict]:
+def summarize(records: Iterable[dict], reference: str = REFERENCE_ATTACK, original: str = "vanilla") -> list[dict]:
     """Per attack: examples, mean true loss, mean of each score, how often it beats ``reference`` on the
-    same example (strictly higher loss), mean forward/backward calls and seconds."""
+    same example (strictly higher loss), how many of the answers the ``original`` order got right it broke
+    (``broken``: full marks on the first score under the original order, less under the attack's), mean
+    forward/backward calls and seconds."""
     by_attack: dict[str, list[dict]] = defaultdict(list)
     for r in records:
         by_attack[r["attack"]].append(r)
     ref_loss = {r["id"]: r["answer_loss"] for r in by_attack.get(reference, [])}
+    original_right = _right_answers(by_attack.get(original, []))
     rows = []
     for attack, recs in by_attack.items():
         row = {
@@ -92,7 +95,46 @@ def summarize(records: Iterable[dict], reference: str = REFERENCE_ATTACK) -> lis
         paired = [r for r in recs if r["id"] in ref_loss]
         if attack != reference and paired:
             row[f"beats_{reference}"] = f"{sum(r['answer_loss'] > ref_loss[r['id']] for r in paired)}/{len(paired)}"
+        right = [r for r in recs if r["id"] in original_right and _primary_score(r) is not None]
+        if attack != original and right:
+            row["broken"] = f"{sum(_primary_score(r) < original_right[r['id']] for r in right)}/{len(right)}"
         rows.append(row)
+    return rows
+
+
+def _primary_score(record: dict) -> float | None:
+    """The record's first numeric score (the dataset's own metric comes first: WTQ accuracy, TAT-QA EM, …)."""
+    for value in (record.get("scores") or {}).values():
+        if _is_score(value):
+            return float(value)
+    return None
+
+
+def _right_answers(records: Iterable[dict]) -> dict[str, float]:
+    """Examples whose record scores full marks on its first score: id -> that score."""
+    return {r["id"]: s for r in records if (s := _primary_score(r)) is not None and s >= 1.0}
+
+
+def broken_answers(records: Iterable[dict], reference: str = "vanilla") -> list[dict]:
+    """The answers an attack broke: per (example, attack), where the ``reference`` order's answer has full marks
+    on the first score and the attack's order's answer less — the question, both answers and both scores."""
+    records = [r for r in records if "skipped" not in r]
+    ref = {r["id"]: r for r in records if r["attack"] == reference}
+    right = _right_answers(ref.values())
+    rows = []
+    for r in records:
+        if r["attack"] == reference or r["id"] not in right or (score := _primary_score(r)) is None:
+            continue
+        if score < right[r["id"]]:
+            rows.append(
+                {
+                    "id": r["id"],
+                    "attack": r["attack"],
+                    f"{reference}_answer": ref[r["id"]].get("prediction"),
+                    "attacked_answer": r.get("prediction"),
+                    "score": score,
+                }
+            )
     return rows
 
 

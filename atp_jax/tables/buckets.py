@@ -74,8 +74,10 @@ class BucketGrid:
     to ``2 · rows · cols + 1`` (one run per cell, one between cells, the text after the table and the
     answer), so neither adds a dimension of its own. ``text`` pads re-rendered prompts (``answer_losses``).
 
-    ``candidate_batch``: every batch of candidate orders is padded to exactly this many sequences (a pad
-    repeats a real order and is dropped), so scoring 1, 5 or 20 orders reuses one program.
+    ``candidate_batch``: a batch of two or more candidate orders is padded to exactly this many sequences (a
+    pad repeats a real order and is dropped), so scoring 2, 5 or 20 orders reuses one program; a single order
+    has a program of its own (``candidate_batches``), so the one-order attacks (the original order, a random
+    one, the reversals) do not pay for a full batch.
     """
 
     body: Ladder | None = Ladder(64, 2)
@@ -90,6 +92,11 @@ class BucketGrid:
     def __post_init__(self):
         if self.candidate_batch < 1:
             raise ValueError(f"BucketGrid.candidate_batch={self.candidate_batch}; it must be >= 1")
+
+    @property
+    def candidate_batches(self) -> tuple[int, ...]:
+        """The batch sizes candidate orders are padded to: one order alone, or ``candidate_batch``."""
+        return (1, self.candidate_batch) if self.candidate_batch > 1 else (1,)
 
     def fit(self, sizes: Sizes) -> Sizes:
         """The bucket of ``sizes``: every size ≥ the real one."""
