@@ -14,6 +14,7 @@ from atp_jax.models import gguf, zoo
 from atp_jax.models.config import ModelConfig
 from atp_jax.models.loading import LoadedModel
 from atp_jax.models.params import random_model
+from atp_jax.tables.table import Example, Table
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -56,6 +57,46 @@ def find_shared_data() -> Path | None:
         if candidate and (Path(candidate) / "wtq" / "dev.jsonl").is_file():
             return Path(candidate)
     return None
+
+
+# Example tables the attack tests share: SMALL and SMALL_TWIN fill one bucket of the default grid (other
+# cells, question and answer, the same shape); LARGE is in another.
+SMALL = Example(
+    "Which team plays in Rome?",
+    Table(
+        ["Team", "City", "Wins"],
+        [["Lions", "Paris", "3"], ["Bears", "Rome", "12"], ["Owls", "Oslo", "7"], ["Foxes", "Lima", "1"]],
+    ),
+    ["The Bears"],
+    "small",
+)
+# Another table of SMALL's bucket in the default grid: other cells, question and answer, the same shape.
+SMALL_TWIN = Example(
+    "Which city has the most wins?",
+    Table(
+        ["Club", "Town", "Wins"],
+        [["Hawks", "Bern", "5"], ["Wolves", "Kyiv", "2"], ["Bees", "Nice", "9"], ["Crows", "Riga", "4"]],
+    ),
+    ["Nice"],
+    "small_twin",
+)
+LARGE = Example(
+    "How many medals did the team from Norway win in total?",
+    Table(
+        ["Rank", "Nation", "Gold", "Silver", "Bronze", "Total"],
+        [
+            ["1", "Norway", "11", "6", "9", "26"],
+            ["2", "United States", "8", "6", "4", "18"],
+            ["3", "Germany", "7", "9", "5", "21"],
+            ["4", "Netherlands", "8", "7", "4", "19"],
+            ["5", "Austria", "4", "8", "5", "17"],
+            ["6", "Sweden", "2", "4", "3", "9"],
+            ["7", "Switzerland", "2", "1", "1", "4"],
+        ],
+    ),
+    ["26 medals in total"],
+    "large",
+)
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import run_binary
+from conftest import LARGE, SMALL, SMALL_TWIN, run_binary
 
 from atp_jax.attack.batched import ComputePool, attack_many
 from atp_jax.attack.presets import PRESETS, preset
@@ -27,20 +27,8 @@ def _example(question, header, rows, answer, id_):
 
 # Three tables of one bucket of the default grid (different cells, questions, answers and real sizes) ...
 SAME_BUCKET = [
-    _example(
-        "Which team plays in Rome?",
-        ["Team", "City", "Wins"],
-        [["Lions", "Paris", "3"], ["Bears", "Rome", "12"], ["Owls", "Oslo", "7"], ["Foxes", "Lima", "1"]],
-        "The Bears",
-        "rome",
-    ),
-    _example(
-        "Which city has the most wins?",
-        ["Club", "Town", "Wins"],
-        [["Hawks", "Bern", "5"], ["Wolves", "Kyiv", "2"], ["Bees", "Nice", "9"], ["Crows", "Riga", "4"]],
-        "Nice",
-        "wins",
-    ),
+    SMALL,
+    SMALL_TWIN,
     _example(
         "Who scored 40 points?",
         ["Name", "Team", "Points"],
@@ -56,21 +44,7 @@ SAME_BUCKET = [
     ),
 ]
 # ... one of another bucket, and one a row attack cannot take (a single data row).
-OTHER_BUCKET = _example(
-    "How many medals did the team from Norway win in total?",
-    ["Rank", "Nation", "Gold", "Silver", "Bronze", "Total"],
-    [
-        ["1", "Norway", "11", "6", "9", "26"],
-        ["2", "United States", "8", "6", "4", "18"],
-        ["3", "Germany", "7", "9", "5", "21"],
-        ["4", "Netherlands", "8", "7", "4", "19"],
-        ["5", "Austria", "4", "8", "5", "17"],
-        ["6", "Sweden", "2", "4", "3", "9"],
-        ["7", "Switzerland", "2", "1", "1", "4"],
-    ],
-    "26 medals in total",
-    "medals",
-)
+OTHER_BUCKET = LARGE
 ONE_ROW = _example("What is the capital?", ["Country", "Capital"], [["Peru", "Lima"]], "Lima", "one_row")
 
 

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import run_binary
+from conftest import LARGE, SMALL, SMALL_TWIN, run_binary
 
 from atp_jax.attack.atp import _padded_normal, _padded_permutation
 from atp_jax.attack.hungarian import project
@@ -27,44 +27,7 @@ from atp_jax.compilation import compile_totals, disable_persistent_cache
 from atp_jax.inference.qa import answer_losses
 from atp_jax.tables.buckets import DEFAULT_BUCKETS, BucketGrid, Ladder, Sizes
 from atp_jax.tables.layout import build_layout, pad_perms, place
-from atp_jax.tables.table import Example, Table
 
-SMALL = Example(
-    "Which team plays in Rome?",
-    Table(
-        ["Team", "City", "Wins"],
-        [["Lions", "Paris", "3"], ["Bears", "Rome", "12"], ["Owls", "Oslo", "7"], ["Foxes", "Lima", "1"]],
-    ),
-    ["The Bears"],
-    "small",
-)
-# Another table of SMALL's bucket in the default grid: other cells, question and answer, the same shape.
-SMALL_TWIN = Example(
-    "Which city has the most wins?",
-    Table(
-        ["Club", "Town", "Wins"],
-        [["Hawks", "Bern", "5"], ["Wolves", "Kyiv", "2"], ["Bees", "Nice", "9"], ["Crows", "Riga", "4"]],
-    ),
-    ["Nice"],
-    "small_twin",
-)
-LARGE = Example(
-    "How many medals did the team from Norway win in total?",
-    Table(
-        ["Rank", "Nation", "Gold", "Silver", "Bronze", "Total"],
-        [
-            ["1", "Norway", "11", "6", "9", "26"],
-            ["2", "United States", "8", "6", "4", "18"],
-            ["3", "Germany", "7", "9", "5", "21"],
-            ["4", "Netherlands", "8", "7", "4", "19"],
-            ["5", "Austria", "4", "8", "5", "17"],
-            ["6", "Sweden", "2", "4", "3", "9"],
-            ["7", "Switzerland", "2", "1", "1", "4"],
-        ],
-    ),
-    ["26 medals in total"],
-    "large",
-)
 CELL_SIZES = ("rows", "cols", "cell_tokens")
 TEXT_SIZES = ("body", "prefix", "answer")
 

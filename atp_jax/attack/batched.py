@@ -70,7 +70,6 @@ class ComputePool:
         self.tensors = _stack([p.tensors for p in problems])
         if loaded.mesh is not None:  # the examples split over the mesh's data axis
             self.tensors = jax.tree.map(lambda x: place_batch(x, loaded.mesh), self.tensors)
-        self.rounds = 0
         self._cond = threading.Condition()
         self._active = set(range(self.size))
         self._requests: dict[int, tuple] = {}
@@ -115,7 +114,6 @@ class ComputePool:
                 for i in indices:
                     self._replies[i] = (False, error)
         self._requests.clear()
-        self.rounds += 1
         self._cond.notify_all()
 
 

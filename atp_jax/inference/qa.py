@@ -135,8 +135,8 @@ def answers_many(
     if max_new_tokens is None:
         max_new_tokens = 32 if style.reasoning == "concise" else 256
     prompts = [prompt_ids(loaded, example, table, style) for example, table in questions]
-    for (example, _), prompt in sorted(zip(questions, prompts), key=lambda q: -len(q[1]))[:1]:
-        check_context(loaded, example, len(prompt), max_new_tokens)  # the longest prompt decides
+    longest = max(range(len(prompts)), key=lambda i: len(prompts[i]))  # the longest prompt decides
+    check_context(loaded, questions[longest][0], len(prompts[longest]), max_new_tokens)
     replies = generate_ids(loaded, prompts, max_new_tokens)
     return [extract_answer(loaded.tokenizer.decode(r, skip_special_tokens=True), style) for r in replies]
 

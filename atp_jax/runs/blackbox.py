@@ -18,6 +18,7 @@ from atp_jax.eval.scoring import Scorer
 from atp_jax.inference.server import ServerVictim, VictimError
 from atp_jax.runs.experiment import replayed_records
 from atp_jax.runs.records import AttackRecord, SkipRecord
+from atp_jax.runs.report import first_score
 from atp_jax.tables.prompt import PromptStyle
 from atp_jax.tables.table import Example
 
@@ -25,10 +26,10 @@ from atp_jax.tables.table import Example
 def primary_value(example: Example, scores: dict) -> float:
     """The first number of one answer's scores (the dataset's paper metric, or the judge's when it is the only
     metric), in [0, 1]: what the score objective maximises."""
-    values = [v for v in scores.values() if isinstance(v, (int, float))]
-    if not values:
+    value = first_score(scores)
+    if value is None:
         raise VictimError(f"example {example.id!r}: no numeric score for the server's answer ({scores})")
-    return float(values[0])
+    return value
 
 
 def primary_score(scorer: Scorer):

@@ -102,12 +102,17 @@ def summarize(records: Iterable[dict], reference: str = REFERENCE_ATTACK, origin
     return rows
 
 
-def _primary_score(record: dict) -> float | None:
-    """The record's first numeric score (the dataset's own metric comes first: WTQ accuracy, TAT-QA EM, …)."""
-    for value in (record.get("scores") or {}).values():
+def first_score(scores: dict) -> float | None:
+    """The first numeric score of one answer's scores (the dataset's own metric comes first: WTQ accuracy, TAT-QA
+    EM, …; the judge's when it is the only metric); None when there is none."""
+    for value in scores.values():
         if _is_score(value):
             return float(value)
     return None
+
+
+def _primary_score(record: dict) -> float | None:
+    return first_score(record.get("scores") or {})
 
 
 def _right_answers(records: Iterable[dict]) -> dict[str, float]:
@@ -117,7 +122,7 @@ def _right_answers(records: Iterable[dict]) -> dict[str, float]:
 
 def broken_answers(records: Iterable[dict], reference: str = "vanilla") -> list[dict]:
     """The answers an attack broke: per (example, attack), where the ``reference`` order's answer has full marks
-    on the first score and the attack's order's answer less — the question, both answers and both scores."""
+    on the first score and the attack's order's answer less — the question, both answers and the attack's score."""
     records = [r for r in records if "skipped" not in r]
     ref = {r["id"]: r for r in records if r["attack"] == reference}
     right = _right_answers(ref.values())
