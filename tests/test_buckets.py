@@ -74,7 +74,7 @@ def _assert_traces_match(padded, exact, where="", rtol=1e-6, atol=1e-5):
         assert len(padded) == len(exact), where
         for i, (p, e) in enumerate(zip(padded, exact)):
             _assert_traces_match(p, e, f"{where}[{i}]", rtol, atol)
-    elif isinstance(exact, (int, bool)) and not isinstance(exact, float):
+    elif isinstance(exact, (int, bool, str)) or (isinstance(exact, list) and exact and isinstance(exact[0], str)):
         assert padded == exact, where
     elif where.split(".")[-1].startswith("entropy"):
         # θ itself, not a loss: Adam divides each gradient by its own size, so where the gradient nearly

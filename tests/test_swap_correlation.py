@@ -51,6 +51,19 @@ def test_records_match_a_brute_force_and_resume(tiny_checkpoint, tmp_path):
     assert again.returncode == 0 and "2 recorded, 0 to run" in again.stdout, again.stderr[-2000:]
     other = run_binary("swap_correlation", ["--model", "smollm2-135m-instruct", *SELECTION, "--output_dir", out])
     assert other.returncode != 0 and "model" in other.stderr and "--restart" in other.stderr
+    split = run_binary("swap_correlation", ["--model", tiny_checkpoint, *SELECTION, "--output_dir", out, "--decompose"])
+    assert split.returncode != 0 and "--restart" in split.stderr  # records without the split are not mixed in
+
+    one = [*SELECTION[:1], "1", *SELECTION[2:]]
+    split = run_binary(
+        "swap_correlation", ["--model", tiny_checkpoint, *one, "--output_dir", tmp_path / "s", "--decompose"]
+    )
+    assert split.returncode == 0, split.stderr[-3000:]
+    (record,) = [json.loads(line) for line in (tmp_path / "s" / "results.jsonl").read_text().splitlines()]
+    assert (
+        record["queries"] == 2 * record["swaps"] and abs(record["best_true_gain"] - records[0]["best_true_gain"]) < 1e-6
+    )
+    assert 0 <= record["shift_share"] <= 1 and "| **median** |" in split.stdout
 
     table = run_binary("swap_correlation", ["--compare", f"{out},{out}", "--attack_results", "-,-"])
     assert table.returncode == 0, table.stderr[-2000:]

@@ -73,9 +73,9 @@ def random_orders(evaluator: Evaluator, rng: np.random.Generator, k: int, mode: 
     """``k`` random orders ``([k, n], [k, m])``; the dimensions the mode leaves alone stay identity."""
     rows_on, cols_on = _modes(mode)
     n, m = evaluator.problem.n_rows, evaluator.problem.n_cols
-    rows = np.stack([rng.permutation(n) if rows_on else np.arange(n) for _ in range(k)])
-    cols = np.stack([rng.permutation(m) if cols_on else np.arange(m) for _ in range(k)])
-    return rows, cols
+    rows = [rng.permutation(n) if rows_on else np.arange(n) for _ in range(k)]
+    cols = [rng.permutation(m) if cols_on else np.arange(m) for _ in range(k)]
+    return np.array(rows, np.int64).reshape(k, n), np.array(cols, np.int64).reshape(k, m)
 
 
 def identity(evaluator: Evaluator, rng: np.random.Generator, mode: str = "joint") -> AttackResult:
@@ -139,14 +139,22 @@ def evolution(
     population: int = 5,
     generations: int = 5,
     mode: str = "joint",
+    seeds: tuple[np.ndarray, np.ndarray] | None = None,
+    name: str = "evolution",
 ) -> AttackResult:
     """Evolutionary search (paper's E-Search): population seeded with identity + random orders, elitism,
-    order crossover and swap mutation; ``population · (generations + 1)`` model calls (30 by default)."""
+    order crossover and swap mutation; ``population · (generations + 1)`` model calls (30 by default).
+
+    seeds: orders ``([s, n], [s, m])``, ``s < population``, that take the place of the first random ones.
+    """
     rows_on, cols_on = _modes(mode)
     ident_r, ident_c = evaluator.identity
-    rand_r, rand_c = random_orders(evaluator, rng, population - 1, mode)
-    pop_r = np.concatenate([ident_r[None], rand_r])
-    pop_c = np.concatenate([ident_c[None], rand_c])
+    seed_r, seed_c = seeds if seeds is not None else (ident_r[None, :][:0], ident_c[None, :][:0])
+    if len(seed_r) >= population:
+        raise ValueError(f"{len(seed_r)} seed orders leave no room for the identity in a population of {population}")
+    rand_r, rand_c = random_orders(evaluator, rng, population - 1 - len(seed_r), mode)
+    pop_r = np.concatenate([ident_r[None], seed_r, rand_r])
+    pop_c = np.concatenate([ident_c[None], seed_c, rand_c])
     fitness = evaluator.losses(pop_r, pop_c)
     history = [float(fitness.max())]
     for _ in range(generations):
@@ -173,7 +181,7 @@ def evolution(
         pop_r, pop_c, fitness = all_r[keep], all_c[keep], all_f[keep]
         history.append(float(fitness.max()))
     best = int(np.argmax(fitness))
-    return evaluator.result("evolution", pop_r[best], pop_c[best], {"best_per_generation": history})
+    return evaluator.result(name, pop_r[best], pop_c[best], {"best_per_generation": history})
 
 
 # --------------------------------------------------------------------- the registry's entry points

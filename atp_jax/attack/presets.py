@@ -31,6 +31,7 @@ from atp_jax.attack.baselines import (
 )
 from atp_jax.attack.config import AttackConfig
 from atp_jax.attack.search import SearchConfig
+from atp_jax.attack.structured import StructuredConfig, StructuredEvolutionConfig
 
 
 def _paper(**kw) -> ATPConfig:
@@ -89,6 +90,9 @@ PRESETS: dict[str, AttackConfig] = {
     "search_warm": _warm_search("gradient"),
     "search_warm_reversed": _warm_search("reversed"),
     "search_warm_random": _warm_search("random"),
+    # Evidence-aware placements (no gradient): 5 forwards, and E-Search seeded by them (30, as E-Search).
+    "structured": StructuredConfig(),
+    "structured_evolution": StructuredEvolutionConfig(),
 }
 
 # Names that stand for several attacks in ``--attacks``: the paper's table columns (Vanilla | Rand | Best 20 |

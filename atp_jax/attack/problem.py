@@ -34,7 +34,7 @@ from atp_jax.inference.qa import answers as generate_answers
 from atp_jax.models.loading import LoadedModel
 from atp_jax.models.modeling import KVCache, Transformer
 from atp_jax.tables.buckets import DEFAULT_BUCKETS, BucketGrid, Sizes
-from atp_jax.tables.layout import Layout, build_layout, full_row_perm, pad_perms, place
+from atp_jax.tables.layout import Layout, anchored_positions, build_layout, full_row_perm, pad_perms, place
 from atp_jax.tables.prompt import PromptStyle
 from atp_jax.tables.table import Example
 
@@ -229,14 +229,16 @@ def _gather(t: ProblemTensors, slot_embeds, row_perm, col_perm):
     return bank[source]
 
 
-def answer_logits(model: Transformer, t: ProblemTensors, bodies):
+def answer_logits(model: Transformer, t: ProblemTensors, bodies, body_positions=None):
     """Logits ``[B, A, V]`` at the answer positions for body embeddings ``[B, S_body, D]``.
 
     The decoder runs over the body only, attending to the prefix through its precomputed keys/values: the
     cache holds the prefix slots then the body's; pad prefix slots (past ``t.prefix_length``) are masked
-    out, and body position t has position id ``prefix_length + t``.
+    out, and body position t has position id ``prefix_length + t`` — or ``prefix_length + body_positions[b, t]``
+    when ``body_positions [B, S_body]`` is given (the causal mask still follows the sequence order).
     """
     B, S = bodies.shape[:2]
+    body_positions = jnp.broadcast_to(jnp.arange(S), (B, S)) if body_positions is None else body_positions
     P = t.prefix_k.shape[2]  # prefix slots (padded)
 
     # The prefix's keys/values for each sequence, then empty slots the body's forward writes into.
@@ -250,7 +252,7 @@ def answer_logits(model: Transformer, t: ProblemTensors, bodies):
     mask = (slots[None, :] < t.prefix_length) | ((slots[None, :] >= P) & (slots[None, :] - P <= jnp.arange(S)[:, None]))
     out = model(
         bodies,
-        jnp.broadcast_to(t.prefix_length + jnp.arange(S), (B, S)),
+        t.prefix_length + body_positions,
         jnp.broadcast_to(mask, (B, S, P + S)),
         cache=cache,
         cache_index=P,
@@ -278,3 +280,17 @@ def hard_losses(model: Transformer, t: ProblemTensors, row_perms, col_perms, obj
     ``AttackProblem.padded_orders``) in one batched forward."""
     bodies = jax.vmap(lambda r, c: hard_body(t, r, c))(row_perms, col_perms)
     return objective_value(t, answer_logits(model, t, bodies), objective)
+
+
+@functools.partial(jax.jit, static_argnames=("objective",))
+def hard_losses_anchored(
+    model: Transformer, t: ProblemTensors, row_perms, col_perms, anchor_rows, anchor_cols, objective: str = "ce"
+):
+    """Objective ``[B]`` of hard permutations (as ``hard_losses``) with every run of the body starting at the
+    position id it has under the anchor order ``anchor_rows [N1-1]``, ``anchor_cols [M]``
+    (``layout.anchored_positions``): what a reorder does through content alone, no token's position shifted."""
+    bodies = jax.vmap(lambda r, c: hard_body(t, r, c))(row_perms, col_perms)
+    positions = jax.vmap(
+        lambda r, c: anchored_positions(t.layout, r, c, anchor_rows, anchor_cols, body_length=t.body_length)
+    )(row_perms, col_perms)
+    return objective_value(t, answer_logits(model, t, bodies, positions), objective)

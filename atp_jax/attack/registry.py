@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from atp_jax.attack import atp, baselines, search
+from atp_jax.attack import atp, baselines, search, structured
 from atp_jax.attack.config import AttackConfig
 from atp_jax.attack.result import AttackResult, Evaluator
 
@@ -84,3 +84,5 @@ register(baselines.ColReverseConfig, baselines.run_col_reverse)
 register(baselines.EvolutionConfig, baselines.run_evolution, searches=True)
 register(atp.ATPConfig, atp.atp_attack, uses_gradient=True)
 register(search.SearchConfig, search.search_attack, uses_gradient=True)
+register(structured.StructuredConfig, structured.run_structured, searches=True)
+register(structured.StructuredEvolutionConfig, structured.run_structured_evolution, searches=True)

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from atp_jax.attack.problem import AttackProblem, hard_losses
+from atp_jax.attack.problem import AttackProblem, hard_losses, hard_losses_anchored
 from atp_jax.inference.qa import answer_losses
 from atp_jax.models.loading import LoadedModel
 from atp_jax.sharding import place_batch
@@ -107,11 +107,13 @@ class Evaluator(Oracle):
         function whose static arguments are ``static``."""
         return fn(self.loaded.model, self.problem.tensors, *args, **static)
 
-    def losses(self, row_perms, col_perms) -> np.ndarray:
+    def losses(self, row_perms, col_perms, anchor=None) -> np.ndarray:
         """Objective ``[B]`` of hard orders (the layout's tokens: one batched forward per chunk).
 
         Each chunk is padded to one of the problem's candidate batch sizes by repeating its first order; the
-        repeats are dropped and not counted."""
+        repeats are dropped and not counted. ``anchor=(rows [n], cols [m])``: every run of the body keeps the
+        position ids it has under that order (``problem.hard_losses_anchored``), so no token's position shifts.
+        """
         row_perms = np.asarray(row_perms, np.int32).reshape(-1, self.problem.n_rows)
         col_perms = np.asarray(col_perms, np.int32).reshape(-1, self.problem.n_cols)
         batches = self.problem.candidate_batches
@@ -123,12 +125,15 @@ class Evaluator(Oracle):
             rows = np.concatenate([rows, np.repeat(rows[:1], size - real, 0)])
             cols = np.concatenate([cols, np.repeat(cols[:1], size - real, 0)])
             rows, cols = self.problem.padded_orders(rows, cols)
-            values = self.compute(
-                hard_losses,
-                place_batch(rows, self.loaded.mesh),  # the orders split over the mesh's data axis
-                place_batch(cols, self.loaded.mesh),
-                objective=self.problem.objective,
-            )
+            # the orders split over the mesh's data axis
+            orders = place_batch(rows, self.loaded.mesh), place_batch(cols, self.loaded.mesh)
+            if anchor is None:
+                values = self.compute(hard_losses, *orders, objective=self.problem.objective)
+            else:
+                anchor_rows, anchor_cols = self.problem.padded_orders(*anchor)
+                values = self.compute(
+                    hard_losses_anchored, *orders, anchor_rows, anchor_cols, objective=self.problem.objective
+                )
             out.append(np.asarray(values)[:real])
             self.queries += real
         return np.concatenate(out)

@@ -146,21 +146,42 @@ def search_attack(evaluator: Evaluator, cfg: SearchConfig, rng: np.random.Genera
     return evaluator.result(cfg.method, rows, cols, {"steps": history})
 
 
-def swap_rank_correlation(evaluator: Evaluator, row_perm=None, col_perm=None) -> dict:
+def swap_rank_correlation(evaluator: Evaluator, row_perm=None, col_perm=None, decompose: bool = False) -> dict:
     """Spearman correlation between the gradient's predicted and the true objective change of every single
-    row/column swap at an order (default: the original). True changes use the layout's loss (batched)."""
+    row/column swap at an order (default: the original). True changes use the layout's loss (batched).
+
+    ``decompose``: also each swap's change with every run of the body kept at the position ids it has at that
+    order (``Evaluator.losses(..., anchor=...)``) — its *content* part — and so the *position shift* part, the
+    change minus the content part, which a relaxation mixing cell embeddings at fixed positions cannot see.
+    """
     rows = evaluator.identity[0] if row_perm is None else np.asarray(row_perm)
     cols = evaluator.identity[1] if col_perm is None else np.asarray(col_perm)
     value, g_r, g_c = order_gradients(evaluator, rows, cols)
     moves = _candidates(rows, cols, g_r, g_c, SearchConfig(), None)
     true = evaluator.losses([r for r, _, _ in moves], [c for _, c, _ in moves]) - value
     predicted = np.array([s for _, _, s in moves])
-    rho = scipy.stats.spearmanr(predicted, true).statistic if len(moves) > 2 else float("nan")
     top = int(np.argmax(predicted))
-    return {
-        "spearman": float(rho),
+    stats = {
+        "spearman": _spearman(predicted, true),
         "swaps": len(moves),
         "gain_of_top_predicted_swap": float(true[top]),
         "best_true_gain": float(true.max()),
         "mean_true_gain": float(true.mean()),
     }
+    if decompose:
+        content = evaluator.losses([r for r, _, _ in moves], [c for _, c, _ in moves], anchor=(rows, cols)) - value
+        shift = true - content
+        stats |= {
+            "mean_abs_change": float(np.abs(true).mean()),
+            "mean_abs_content": float(np.abs(content).mean()),
+            "mean_abs_shift": float(np.abs(shift).mean()),
+            # the share of the changes' spread that position shifts alone account for
+            "shift_share": float(np.sum(shift**2) / max(np.sum(shift**2) + np.sum(content**2), 1e-30)),
+            "spearman_change_content": _spearman(content, true),
+            "spearman_predicted_content": _spearman(predicted, content),
+        }
+    return stats
+
+
+def _spearman(a: np.ndarray, b: np.ndarray) -> float:
+    return float(scipy.stats.spearmanr(a, b).statistic) if len(a) > 2 else float("nan")

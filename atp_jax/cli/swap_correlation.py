@@ -52,6 +52,12 @@ flags.DEFINE_list(
     "the distinct orders visited.",
 )
 flags.DEFINE_list("atp_attacks", ["paper", "atp_joint"], "With --compare: the ATP specs whose visits are counted.")
+flags.DEFINE_bool(
+    "decompose",
+    False,
+    "Also split each swap's change into its content part (every run of the prompt kept at its original position "
+    "ids) and its position-shift part (the rest): twice the forwards.",
+)
 FLAGS = flags.FLAGS
 
 
@@ -103,6 +109,29 @@ def compare_table(folders: list[str], attack_folders: list[str], atp_attacks: li
     return "\n".join(lines)
 
 
+def decomposition_table(rows: list[dict]) -> str:
+    """Markdown, one row per example and a median row: how much of the swaps' effect is position shift, and
+    whether the gradient ranks the content part better than the whole change."""
+    keys = [
+        "mean_abs_change",
+        "mean_abs_content",
+        "mean_abs_shift",
+        "shift_share",
+        "spearman_change_content",
+        "spearman",
+        "spearman_predicted_content",
+    ]
+    lines = [
+        "| id | mean \\|Δ\\| | mean \\|content\\| | mean \\|shift\\| | shift share | ρ(Δ, content) | "
+        "ρ(predicted, Δ) | ρ(predicted, content) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(f"| {r['id']} | " + " | ".join(f"{r[k]:.3f}" for k in keys) + " |")
+    lines.append("| **median** | " + " | ".join(f"{statistics.median(r[k] for r in rows):.3f}" for k in keys) + " |")
+    return "\n".join(lines)
+
+
 def main(argv):
     del argv
     if FLAGS.compare:
@@ -115,8 +144,11 @@ def main(argv):
     if not examples:
         sys.exit(f"--dataset {FLAGS.dataset}: no examples selected; loosen the selection")
     style = PromptStyle(linearization=FLAGS.style)
+    config = {"style": style.as_dict(), "diagnostic": "single-swap rank correlation at the original order"}
+    if FLAGS.decompose:  # a key only when set, so that folders recorded without it still resume
+        config["decomposition"] = "content (original position ids kept) and position shift of every swap"
     folder = selection.open_folder(
-        {"style": style.as_dict(), "diagnostic": "single-swap rank correlation at the original order"},
+        config,
         {RECORD_NAME: {"method": RECORD_NAME, "at": "original order", "moves": "every single row and column swap"}},
         len(examples),
     )
@@ -129,7 +161,7 @@ def main(argv):
             start = time.perf_counter()
             try:
                 evaluator = Evaluator(model, make_problem(model, example, style, buckets=selection.bucket_grid()))
-                stats = swap_rank_correlation(evaluator)
+                stats = swap_rank_correlation(evaluator, decompose=FLAGS.decompose)
             except (AttackInputError, InputTooLong) as e:
                 folder.append({"id": example.id, "attack": RECORD_NAME, "skipped": str(e)})
                 continue
@@ -150,6 +182,9 @@ def main(argv):
             f"| {r['id']} | {r['swaps']} | {r['spearman']:.3f} | {r['gain_of_top_predicted_swap']:.3f} | "
             f"{r['best_true_gain']:.3f} | {r['mean_true_gain']:.3f} |"
         )
+    if rows and "shift_share" in rows[0]:
+        print()
+        print(decomposition_table(rows))
     if rows:
         print(json.dumps({"median_spearman": statistics.median(r["spearman"] for r in rows), "examples": len(rows)}))
 

@@ -219,6 +219,25 @@ def full_row_perm(row_perm):
     return xp.concatenate([xp.zeros((1,), row_perm.dtype), row_perm + 1])
 
 
+def _run_lengths(arrays: dict, row_perm, col_perm):
+    """Token count ``[I]`` of every run (cell slots and template text) under an order."""
+    xp = _array_module(row_perm)
+    rows = full_row_perm(row_perm)
+    kind, item_row, item_col = arrays["item_kind"], arrays["item_row"], arrays["item_col"]
+    slot_length = arrays["cell_lengths"][rows[item_row], col_perm[item_col]]
+    return xp.where(kind == SLOT_RUN, slot_length, arrays["item_length"])
+
+
+def _covering_runs(length, body_length: int):
+    """For every body position ``t < body_length``: the run covering it and the offset in that run."""
+    xp = _array_module(length)
+    ends = xp.cumsum(length)
+    t = xp.arange(body_length)
+    # The run covering position t (skips empty runs); past the real body, the last run.
+    item = xp.minimum(xp.searchsorted(ends, t, side="right"), len(ends) - 1)
+    return item, t - (ends[item] - length[item]), ends
+
+
 def place(arrays: dict, row_perm, col_perm, *, body_length: int, max_cell_tokens: int):
     """Bank indices ``[body_length]`` of the body for hard permutations.
 
@@ -232,20 +251,28 @@ def place(arrays: dict, row_perm, col_perm, *, body_length: int, max_cell_tokens
         body get bank index 0.
     """
     xp = _array_module(row_perm)
-    rows = full_row_perm(row_perm)
     kind, item_row, item_col = arrays["item_kind"], arrays["item_row"], arrays["item_col"]
-    slot_length = arrays["cell_lengths"][rows[item_row], col_perm[item_col]]
-    length = xp.where(kind == SLOT_RUN, slot_length, arrays["item_length"])
-    ends = xp.cumsum(length)
-    t = xp.arange(body_length)
-    # The run covering position t (skips empty runs); past the real body, the last run (then masked below).
-    item = xp.minimum(xp.searchsorted(ends, t, side="right"), len(ends) - 1)
-    offset = t - (ends[item] - length[item])
+    item, offset, ends = _covering_runs(_run_lengths(arrays, row_perm, col_perm), body_length)
     n_cols = arrays["cell_lengths"].shape[1]
     slot_index = (item_row[item] * n_cols + item_col[item]) * max_cell_tokens + offset
     template_index = arrays["item_start"][item] + offset
     source = xp.where(kind[item] == SLOT_RUN, arrays["template_length"] + slot_index, template_index)
-    return xp.where(t < ends[-1], source, 0)
+    return xp.where(xp.arange(body_length) < ends[-1], source, 0)
+
+
+def anchored_positions(arrays: dict, row_perm, col_perm, anchor_rows, anchor_cols, *, body_length: int):
+    """Body position ids ``[body_length]`` (from 0) of the order ``(row_perm, col_perm)`` laid out as ``place``
+    lays it out, except that every run — each cell slot and each piece of template text — starts at the position
+    it starts at under the anchor order, its tokens counting on from there.
+
+    With the anchor the original order, a reorder then changes which content sits in which slot but shifts no
+    token's position: where two swapped cells differ in length, ids overlap or leave a gap (RoPE sees only
+    differences of ids, so both are well defined). Under the anchor order itself the ids are ``0, 1, 2, ...``.
+    """
+    item, offset, _ = _covering_runs(_run_lengths(arrays, row_perm, col_perm), body_length)
+    anchor_length = _run_lengths(arrays, anchor_rows, anchor_cols)
+    anchor_start = _array_module(anchor_length).cumsum(anchor_length) - anchor_length
+    return anchor_start[item] + offset
 
 
 def build_layout(
