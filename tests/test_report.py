@@ -358,6 +358,33 @@ def test_paired_comparisons_by_hand():
     assert "| best_of_k | search_warm_random | 3 | +1.000 [+1.000, +1.000] | 3/3 |" in text
 
 
+def test_equal_budget_pairs_give_best_of_k_at_least_the_attacks_compute():
+    from atp_jax.runs.report import equal_budget_pairs, forward_equivalents, paired_comparisons
+
+    def cost(id_, attack, queries, backward=0, loss=1.0):
+        return {**rec(id_, attack, loss), "queries": queries, "backward_calls": backward}
+
+    records = [
+        *(cost(e, "structured", q) for e, q in (("e1", 5), ("e2", 3))),  # mean 4 forwards
+        *(cost(e, "atp_joint", 22, 20) for e in ("e1", "e2")),  # 22 + 1.5 x 20 = 52
+        *(cost(e, "atp_st_reversed", 22, 20) for e in ("e1", "e2")),  # a control: never paired by budget
+        *(cost(e, "vanilla", 1) for e in ("e1", "e2")),  # no search
+        *(cost(e, "best_of_k", 20, loss=2.0) for e in ("e1", "e2")),
+        *(cost(e, "best_of_k@k=5", 5, loss=0.5) for e in ("e1", "e2")),
+        *(cost(e, "best_of_k@k=52", 52) for e in ("e1", "e2")),
+        *(cost(e, "best_of_k@k=90", 90) for e in ("e1", "e2")),
+    ]
+    assert forward_equivalents(records, 1.5)["atp_joint"] == 52.0
+    assert equal_budget_pairs(records, backward_cost=1.5) == [
+        ("structured", "best_of_k@k=5"),
+        ("atp_joint", "best_of_k@k=52"),
+    ]
+    # A dearer backward: 22 + 2 x 20 = 62 forwards, so the next k up.
+    assert ("atp_joint", "best_of_k@k=90") in equal_budget_pairs(records)
+    compared = {(r["attack"], r["against"]) for r in paired_comparisons(records, backward_cost=1.5)}
+    assert {("structured", "best_of_k@k=5"), ("atp_joint", "best_of_k"), ("atp_joint", "best_of_k@k=52")} <= compared
+
+
 def test_option_rows_by_hand():
     from atp_jax.runs.ablation import option_rows
 

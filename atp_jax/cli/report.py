@@ -62,7 +62,14 @@ _COMPARE = flags.DEFINE_bool(
     "compare",
     False,
     "Also print paired comparisons of each gradient method with its "
-    "reversed/random-direction controls and with best-of-20 (per-example differences).",
+    "reversed/random-direction controls, with best-of-20 and with the recorded best-of-k at each searching "
+    "attack's compute (per-example differences).",
+)
+_BACKWARD_COST = flags.DEFINE_float(
+    "backward_cost",
+    2.0,
+    "With --compare: a backward pass's cost in forwards, for the best-of-k at equal compute each searching attack "
+    "is compared with (measure it: atp-benchmark's fwd_bwd / fwd - 1).",
 )
 _AGREEMENT = flags.DEFINE_bool(
     "agreement",
@@ -107,7 +114,13 @@ def main(argv):
     if _COMPARE.value:
         metric = _METRIC.value or LOSS_METRIC
         for run in runs:
-            rows = paired_comparisons(run.records, metric=metric, resamples=_RESAMPLES.value, seed=_SEED.value)
+            rows = paired_comparisons(
+                run.records,
+                metric=metric,
+                resamples=_RESAMPLES.value,
+                seed=_SEED.value,
+                backward_cost=_BACKWARD_COST.value,
+            )
             if rows:
                 sections.append(
                     f"### {run.dataset}: {run.model}, paired comparisons ({run.folder})\n\n"

@@ -17,7 +17,8 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from atp_jax.attack.presets import ATTACK_GROUPS, control_pairs
+from atp_jax.attack import registry
+from atp_jax.attack.presets import ATTACK_GROUPS, control_pairs, preset
 from atp_jax.plotting import new_figure, save_figure
 from atp_jax.runs.folders import Run
 from atp_jax.stats import MIN_VALUES, bootstrap_interval, has_interval
@@ -267,19 +268,60 @@ def choose_metric(records: Iterable[dict], requested: str | None = None, where: 
     return pick_metric(available, requested, where, hint, (*SCORE_METRICS, LOSS_METRIC))
 
 
+def forward_equivalents(records: Iterable[dict], backward_cost: float = 2.0) -> dict[str, float]:
+    """Mean cost per example of each recorded attack in forwards: queries + ``backward_cost`` × backward calls
+    (a backward's cost in forwards is measured by ``atp-benchmark``: ``fwd_bwd / fwd − 1``)."""
+    costs: dict[str, list[float]] = defaultdict(list)
+    for r in records:
+        if "queries" in r and "skipped" not in r:
+            costs[r["attack"]].append(r["queries"] + backward_cost * r.get("backward_calls", 0))
+    return {attack: float(np.mean(c)) for attack, c in costs.items()}
+
+
+def equal_budget_pairs(records: Iterable[dict], backward_cost: float = 2.0) -> list[tuple[str, str]]:
+    """(attack, ``best_of_k@k=K``): every searching attack against the recorded best-of-k whose k is the
+    smallest at or above the attack's mean forward-equivalents — best-of-k is never given less compute."""
+    budgets = forward_equivalents(records, backward_cost)
+    best_of: dict[int, str] = {}
+    searching = []
+    for attack in budgets:
+        try:
+            config = preset(attack)
+        except ValueError:
+            continue  # a label from elsewhere (a transferred source): no configuration
+        if config.method == "best_of_k":
+            best_of.setdefault(config.k, attack)
+        elif registry.method_of(config).searches and getattr(config, "direction", "gradient") == "gradient":
+            searching.append(attack)
+    pairs = []
+    for attack in searching:
+        enough = [k for k in best_of if k >= budgets[attack] - 1e-9]
+        if enough:
+            pairs.append((attack, best_of[min(enough)]))
+    return pairs
+
+
 def paired_comparisons(
-    records: Iterable[dict], pairs=None, metric: str = LOSS_METRIC, resamples: int = 2000, seed: int = 0
+    records: Iterable[dict],
+    pairs=None,
+    metric: str = LOSS_METRIC,
+    resamples: int = 2000,
+    seed: int = 0,
+    backward_cost: float = 2.0,
 ) -> list[dict]:
     """For each ``(attack, other)`` recorded on common examples: the mean per-example difference of
     ``metric`` (attack − other) with its 95% BCa bootstrap interval (NaN ends below three examples; see
     :mod:`atp_jax.stats`), and on how many examples it is higher.
     The paired difference is the right test for a control: examples vary far more than attacks do.
 
-    ``pairs`` defaults to ``presets.control_pairs`` of the recorded attacks: each gradient method against
-    its reversed / random-direction controls and against best-of-k, and evolution against best-of-k."""
+    ``pairs`` defaults to ``presets.control_pairs`` of the recorded attacks — each gradient method against
+    its reversed / random-direction controls and against best-of-k, and evolution against best-of-k — and
+    ``equal_budget_pairs`` (every searching attack against best-of-k at its compute, ``backward_cost``
+    forwards per backward)."""
     records = list(records)
     if pairs is None:
         pairs = control_pairs(r["attack"] for r in records)
+        pairs += [p for p in equal_budget_pairs(records, backward_cost) if p not in pairs]
     values: dict[str, dict[str, float]] = defaultdict(dict)
     for r in records:
         if (v := metric_value(r, metric)) is not None:
