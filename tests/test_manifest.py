@@ -61,6 +61,21 @@ def test_attacks_may_be_added_but_never_redefined(tmp_path):
         folder.begin(IDENTITY, {"best_of_k": {"method": "best_of_k", "k": 5}}, {"argv": ["third"]})
 
 
+def test_a_field_added_to_a_method_since_resumes_only_at_its_default(tmp_path):
+    from atp_jax.attack.presets import preset
+
+    current = preset("atp_joint").as_dict()
+    before = {k: v for k, v in current.items() if k != "positions"}  # recorded before ATP had `positions`
+    folder = ResultsFolder(tmp_path / "run")
+    folder.begin(IDENTITY, {"atp_joint": before}, {"argv": ["first"]})
+    folder.append({"id": "e1", "attack": "atp_joint", "answer_loss": 1.0})
+    folder.begin(IDENTITY, {"atp_joint": current}, {"argv": ["second"]})  # the default: the old behaviour
+    with pytest.raises(ManifestMismatch, match="attack atp_joint: recorded"):
+        folder.begin(IDENTITY, {"atp_joint": {**current, "positions": "soft"}}, {"argv": ["third"]})
+    with pytest.raises(ManifestMismatch, match="attack atp_joint: recorded"):
+        folder.begin(IDENTITY, {"atp_joint": {**current, "lr": 0.5}}, {"argv": ["fourth"]})
+
+
 def test_restart_sets_the_old_records_aside(tmp_path):
     folder = _folder_with_a_record(tmp_path)
     folder.begin({**IDENTITY, "seed": 1}, ATTACKS, {"argv": ["second"]}, restart=True)

@@ -56,7 +56,8 @@ def test_records_match_a_brute_force_and_resume(tiny_checkpoint, tmp_path):
 
     one = [*SELECTION[:1], "1", *SELECTION[2:]]
     split = run_binary(
-        "swap_correlation", ["--model", tiny_checkpoint, *one, "--output_dir", tmp_path / "s", "--decompose"]
+        "swap_correlation",
+        ["--model", tiny_checkpoint, *one, "--output_dir", tmp_path / "s", "--decompose", "--soft_positions"],
     )
     assert split.returncode == 0, split.stderr[-3000:]
     (record,) = [json.loads(line) for line in (tmp_path / "s" / "results.jsonl").read_text().splitlines()]
@@ -64,6 +65,7 @@ def test_records_match_a_brute_force_and_resume(tiny_checkpoint, tmp_path):
         record["queries"] == 2 * record["swaps"] and abs(record["best_true_gain"] - records[0]["best_true_gain"]) < 1e-6
     )
     assert 0 <= record["shift_share"] <= 1 and "| **median** |" in split.stdout
+    assert -1 <= record["spearman_soft_positions"] <= 1 and "soft positions" in split.stdout
 
     table = run_binary("swap_correlation", ["--compare", f"{out},{out}", "--attack_results", "-,-"])
     assert table.returncode == 0, table.stderr[-2000:]

@@ -87,3 +87,48 @@ def test_decomposition_adds_up_and_equal_length_swaps_shift_nothing(sharp):
     rows, cols = np.array([[3, 1, 2, 0]]), np.array([[0, 1]])
     content = evaluator.losses(rows, cols, anchor=(np.arange(4), np.arange(2)))
     np.testing.assert_allclose(content, evaluator.losses(rows, cols), atol=1e-6)
+
+
+def test_soft_positions_interpolate_the_run_starts_of_the_orders_mixed(sharp):
+    from atp_jax.attack.hungarian import perm_to_matrix
+    from atp_jax.attack.problem import soft_positions
+    from atp_jax.attack.sinkhorn import pin_header
+
+    layout = build_layout(sharp.tokenizer, EXAMPLE)
+    problem = make_problem(sharp, EXAMPLE, buckets=None)
+    rows, cols = np.arange(4), np.arange(2)
+    swapped = np.array([2, 1, 0, 3])
+    for eps in (0.0, 0.3):
+        D_r = (1 - eps) * perm_to_matrix(jnp.asarray(rows)) + eps * perm_to_matrix(jnp.asarray(swapped))
+        ids = soft_positions(problem.tensors, pin_header(D_r), perm_to_matrix(jnp.asarray(cols)), rows, cols)
+        # By hand: the hard order's runs, each starting at the mix of its starts under the two orders.
+        here, _, _ = layout.runs(rows, cols)
+        there, _, _ = layout.runs(swapped, cols)
+        start = (1 - eps) * (np.cumsum(here) - here) + eps * (np.cumsum(there) - there)
+        expected = np.concatenate([s + np.arange(n) for s, n in zip(start, here)])
+        np.testing.assert_allclose(np.asarray(ids), expected, atol=1e-4)
+
+
+def test_soft_position_gradients_and_atp_run_from_the_same_hard_forward(sharp):
+    from atp_jax.attack.atp import run_atp
+    from atp_jax.attack.presets import preset
+    from atp_jax.attack.search import order_gradients
+
+    problem = make_problem(sharp, EXAMPLE)
+    evaluator = Evaluator(sharp, problem)
+    rows, cols = np.arange(4), np.arange(2)
+    hard_value, hard_r, _ = order_gradients(evaluator, rows, cols)
+    soft_value, soft_r, _ = order_gradients(evaluator, rows, cols, positions="soft")
+    assert soft_value == pytest.approx(hard_value, abs=1e-5)  # at a vertex the positions are the hard ones
+    assert np.abs(soft_r - hard_r).max() > 1e-4  # ...but the gradient sees how they would move
+    stats = swap_rank_correlation(Evaluator(sharp, problem), soft_positions=True)
+    assert -1 <= stats["spearman_soft_positions"] <= 1
+
+    # Straight-through: each step's forward is the hard order's, whatever the positions' relaxation.
+    config = preset("atp_joint", positions="soft", n_attack=3, restarts=2)
+    trace, _, _ = run_atp(sharp.model, problem.tensors, jax.random.split(jax.random.key(0), 2), config)
+    visited_rows = np.asarray(trace["row_perm"]).reshape(-1, trace["row_perm"].shape[-1])[:, :4]
+    visited_cols = np.asarray(trace["col_perm"]).reshape(-1, trace["col_perm"].shape[-1])[:, :2]
+    exact = evaluator.losses(visited_rows, visited_cols)
+    np.testing.assert_allclose(np.asarray(trace["loss"]).reshape(-1), exact, atol=1e-4)
+    assert np.isfinite(np.asarray(trace["objective"])).all()

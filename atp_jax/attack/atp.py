@@ -26,13 +26,14 @@ import optax
 
 from atp_jax.attack.config import DIRECTIONS, AttackConfig
 from atp_jax.attack.hungarian import perm_to_matrix, project
-from atp_jax.attack.problem import ProblemTensors, answer_logits, objective_value, soft_body
+from atp_jax.attack.problem import ProblemTensors, answer_logits, objective_value, relaxed_positions, soft_body
 from atp_jax.attack.result import AttackResult, Evaluator
 from atp_jax.attack.sinkhorn import SinkhornConfig, entropy, pin_header, sinkhorn
 from atp_jax.models.modeling import Transformer
 from atp_jax.sharding import place_batch
 
 INITS = ("uniform", "identity", "random_perm")
+POSITIONS = ("hard", "soft")
 _INITS = {name: i for i, name in enumerate(INITS)}
 _DIRECTIONS = {name: i for i, name in enumerate(DIRECTIONS)}
 
@@ -54,6 +55,9 @@ class ATPConfig(AttackConfig):
     hungarian: ``host`` (SciPy through pure_callback) or ``device`` (optax).
     direction: ``gradient``; or a control: ``reversed`` (ascend −∇) or ``random`` (a random direction of
       the gradient's norm).
+    positions: ``hard`` (the paper's: positions and mask of the hard order) or ``soft`` (each token's RoPE
+      position follows the expected cell lengths under D, ``problem.soft_positions``, so the gradient sees the
+      positions a reorder shifts; with ``straight_through`` the forward is still the hard order's exact one).
     """
 
     method: ClassVar[str] = "atp"
@@ -62,6 +66,7 @@ class ATPConfig(AttackConfig):
         "direction": DIRECTIONS,
         "hungarian": ("host", "device"),
         "lambda_schedule": ("constant", "anneal"),
+        "positions": POSITIONS,
     }
     positive: ClassVar[tuple[str, ...]] = ("n_attack", "restarts")
 
@@ -80,6 +85,7 @@ class ATPConfig(AttackConfig):
     keep_best: bool = False
     hungarian: str = "host"
     direction: str = "gradient"
+    positions: str = "hard"
 
 
 def _settings(cfg: ATPConfig) -> dict:
@@ -99,6 +105,7 @@ def _settings(cfg: ATPConfig) -> dict:
         "temperature": f32(cfg.temperature),
         "straight_through": f32(cfg.straight_through),
         "direction": jnp.int32(_DIRECTIONS[cfg.direction]),
+        "soft_positions": f32(cfg.positions == "soft"),
     }
 
 
@@ -195,7 +202,8 @@ def _run_atp(
         used_r = D_r + s["straight_through"] * jax.lax.stop_gradient(perm_to_matrix(row_perm) - D_r)
         used_c = D_c + s["straight_through"] * jax.lax.stop_gradient(perm_to_matrix(col_perm) - D_c)
         body = soft_body(t, pin_header(used_r), used_c, row_perm, col_perm)
-        loss = objective_value(t, answer_logits(model, t, body[None]), objective)[0]
+        positions = relaxed_positions(t, pin_header(used_r), used_c, row_perm, col_perm, s["soft_positions"])
+        loss = objective_value(t, answer_logits(model, t, body[None], positions[None]), objective)[0]
         h_r, h_c = entropy(D_r), entropy(D_c)
         weight = jnp.where(s["anneal"] > 0, step / max(n_attack - 1, 1), 1.0)
         value = loss - weight * (s["lambda_row"] * h_r * s["rows_on"] + s["lambda_col"] * h_c * s["cols_on"])

@@ -34,7 +34,16 @@ from atp_jax.inference.qa import answers as generate_answers
 from atp_jax.models.loading import LoadedModel
 from atp_jax.models.modeling import KVCache, Transformer
 from atp_jax.tables.buckets import DEFAULT_BUCKETS, BucketGrid, Sizes
-from atp_jax.tables.layout import Layout, anchored_positions, build_layout, full_row_perm, pad_perms, place
+from atp_jax.tables.layout import (
+    Layout,
+    anchored_positions,
+    build_layout,
+    full_row_perm,
+    pad_perms,
+    place,
+    run_positions,
+    slot_run_lengths,
+)
 from atp_jax.tables.prompt import PromptStyle
 from atp_jax.tables.table import Example
 
@@ -214,6 +223,25 @@ def soft_body(t: ProblemTensors, D_r, D_c, row_perm, col_perm):
     cells = t.cell_embeds
     mixed = jnp.einsum("ai,ijkd,bj->abkd", D_r, cells.astype(jnp.float32), D_c).astype(cells.dtype)
     return _gather(t, mixed, row_perm, col_perm)
+
+
+def soft_positions(t: ProblemTensors, D_r, D_c, row_perm, col_perm):
+    """Body position ids ``[S_body]`` (float32, from 0) of the hard order's tokens when every cell slot is as
+    long as its *expected* length under soft ``D_r [N1, N1]`` (header pinned) and ``D_c [M, M]``: a run starts
+    at the expected length of everything before it. At a hard vertex these are ``0, 1, 2, ...``; off it, the
+    positions a reorder would shift move smoothly with D, so the gradient sees them (RoPE takes fractional
+    positions)."""
+    lengths = t.layout["cell_lengths"].astype(jnp.float32)
+    expected = jnp.einsum("ai,ij,bj->ab", D_r, lengths, D_c)
+    runs = slot_run_lengths(t.layout, expected)
+    return run_positions(t.layout, row_perm, col_perm, runs.astype(jnp.float32), body_length=t.body_length)
+
+
+def relaxed_positions(t: ProblemTensors, D_r, D_c, row_perm, col_perm, soft):
+    """Body position ids ``[S_body]`` of a relaxation: the hard order's ``0, 1, 2, ...`` where ``soft`` is 0,
+    ``soft_positions`` where it is 1 (a traced value, so both share one compile)."""
+    hard = jnp.arange(t.body_length, dtype=jnp.float32)
+    return jnp.where(soft > 0, soft_positions(t, D_r, D_c, row_perm, col_perm), hard)
 
 
 def hard_body(t: ProblemTensors, row_perm, col_perm):

@@ -25,7 +25,7 @@ import scipy.stats
 from atp_jax.attack.baselines import random_orders
 from atp_jax.attack.config import DIRECTIONS, AttackConfig
 from atp_jax.attack.hungarian import perm_to_matrix
-from atp_jax.attack.problem import ProblemTensors, answer_logits, objective_value, soft_body
+from atp_jax.attack.problem import ProblemTensors, answer_logits, objective_value, relaxed_positions, soft_body
 from atp_jax.attack.result import AttackResult, Evaluator
 from atp_jax.attack.sinkhorn import pin_header
 from atp_jax.models.modeling import Transformer
@@ -52,25 +52,30 @@ class SearchConfig(AttackConfig):
     start_samples: int = 0
 
 
-def order_gradients(evaluator: Evaluator, row_perm, col_perm) -> tuple[float, np.ndarray, np.ndarray]:
+def order_gradients(
+    evaluator: Evaluator, row_perm, col_perm, positions: str = "hard"
+) -> tuple[float, np.ndarray, np.ndarray]:
     """(loss, ∂loss/∂D_r ``[n, n]``, ∂loss/∂D_c ``[m, m]``) at the hard order (one forward + backward, not
-    counted here)."""
+    counted here). ``positions="soft"``: the relaxation's positions follow D (``problem.soft_positions``)."""
     problem = evaluator.problem
     rows, cols = problem.padded_orders(row_perm, col_perm)
     value, g_r, g_c = evaluator.compute(
-        _order_gradients, jnp.asarray(rows), jnp.asarray(cols), objective=problem.objective
+        _order_gradients, jnp.asarray(rows), jnp.asarray(cols), objective=problem.objective, positions=positions
     )
     n, m = problem.n_rows, problem.n_cols
     return float(value), np.asarray(g_r)[:n, :n], np.asarray(g_c)[:m, :m]
 
 
-@functools.partial(jax.jit, static_argnames=("objective",))
-def _order_gradients(model: Transformer, t: ProblemTensors, row_perm, col_perm, objective: str = "ce"):
+@functools.partial(jax.jit, static_argnames=("objective", "positions"))
+def _order_gradients(
+    model: Transformer, t: ProblemTensors, row_perm, col_perm, objective: str = "ce", positions: str = "hard"
+):
     """(loss, ∂loss/∂D_r ``[N1-1, N1-1]``, ∂loss/∂D_c ``[M, M]``) at a padded hard order."""
 
     def loss(D_r, D_c):
         body = soft_body(t, pin_header(D_r), D_c, row_perm, col_perm)
-        return objective_value(t, answer_logits(model, t, body[None]), objective)[0]
+        ids = relaxed_positions(t, pin_header(D_r), D_c, row_perm, col_perm, float(positions == "soft"))
+        return objective_value(t, answer_logits(model, t, body[None], ids[None]), objective)[0]
 
     value, (g_r, g_c) = jax.value_and_grad(loss, argnums=(0, 1))(perm_to_matrix(row_perm), perm_to_matrix(col_perm))
     return value, g_r, g_c
@@ -146,13 +151,16 @@ def search_attack(evaluator: Evaluator, cfg: SearchConfig, rng: np.random.Genera
     return evaluator.result(cfg.method, rows, cols, {"steps": history})
 
 
-def swap_rank_correlation(evaluator: Evaluator, row_perm=None, col_perm=None, decompose: bool = False) -> dict:
+def swap_rank_correlation(
+    evaluator: Evaluator, row_perm=None, col_perm=None, decompose: bool = False, soft_positions: bool = False
+) -> dict:
     """Spearman correlation between the gradient's predicted and the true objective change of every single
     row/column swap at an order (default: the original). True changes use the layout's loss (batched).
 
     ``decompose``: also each swap's change with every run of the body kept at the position ids it has at that
     order (``Evaluator.losses(..., anchor=...)``) — its *content* part — and so the *position shift* part, the
     change minus the content part, which a relaxation mixing cell embeddings at fixed positions cannot see.
+    ``soft_positions``: also the prediction of the relaxation whose positions follow D (one more backward).
     """
     rows = evaluator.identity[0] if row_perm is None else np.asarray(row_perm)
     cols = evaluator.identity[1] if col_perm is None else np.asarray(col_perm)
@@ -168,6 +176,14 @@ def swap_rank_correlation(evaluator: Evaluator, row_perm=None, col_perm=None, de
         "best_true_gain": float(true.max()),
         "mean_true_gain": float(true.mean()),
     }
+    if soft_positions:
+        _, g_r, g_c = order_gradients(evaluator, rows, cols, positions="soft")
+        predicted_soft = _predicted(moves, rows, cols, g_r, g_c)
+        top_soft = int(np.argmax(predicted_soft))
+        stats |= {
+            "spearman_soft_positions": _spearman(predicted_soft, true),
+            "gain_of_top_predicted_swap_soft_positions": float(true[top_soft]),
+        }
     if decompose:
         content = evaluator.losses([r for r, _, _ in moves], [c for _, c, _ in moves], anchor=(rows, cols)) - value
         shift = true - content
@@ -181,6 +197,16 @@ def swap_rank_correlation(evaluator: Evaluator, row_perm=None, col_perm=None, de
             "spearman_predicted_content": _spearman(predicted, content),
         }
     return stats
+
+
+def _predicted(moves, rows, cols, g_r, g_c) -> np.ndarray:
+    """The first-order gain under gradients ``g_r``, ``g_c`` of each single-swap move ``(rows', cols', _)``."""
+    out = []
+    for r, c, _ in moves:
+        changed_r, changed_c = np.flatnonzero(r != rows), np.flatnonzero(c != cols)
+        g, perm, (a, b) = (g_r, rows, changed_r) if len(changed_r) else (g_c, cols, changed_c)
+        out.append(g[a, perm[b]] + g[b, perm[a]] - g[a, perm[a]] - g[b, perm[b]])
+    return np.array(out)
 
 
 def _spearman(a: np.ndarray, b: np.ndarray) -> float:

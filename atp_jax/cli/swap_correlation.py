@@ -58,6 +58,12 @@ flags.DEFINE_bool(
     "Also split each swap's change into its content part (every run of the prompt kept at its original position "
     "ids) and its position-shift part (the rest): twice the forwards.",
 )
+flags.DEFINE_bool(
+    "soft_positions",
+    False,
+    "Also rank the swaps by the gradient of the relaxation whose RoPE positions follow the soft orders "
+    "(ATPConfig.positions='soft'): one more backward per question.",
+)
 FLAGS = flags.FLAGS
 
 
@@ -112,20 +118,20 @@ def compare_table(folders: list[str], attack_folders: list[str], atp_attacks: li
 def decomposition_table(rows: list[dict]) -> str:
     """Markdown, one row per example and a median row: how much of the swaps' effect is position shift, and
     whether the gradient ranks the content part better than the whole change."""
-    keys = [
-        "mean_abs_change",
-        "mean_abs_content",
-        "mean_abs_shift",
-        "shift_share",
-        "spearman_change_content",
-        "spearman",
-        "spearman_predicted_content",
-    ]
-    lines = [
-        "| id | mean \\|Δ\\| | mean \\|content\\| | mean \\|shift\\| | shift share | ρ(Δ, content) | "
-        "ρ(predicted, Δ) | ρ(predicted, content) |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+    columns = {
+        "mean_abs_change": "mean \\|Δ\\|",
+        "mean_abs_content": "mean \\|content\\|",
+        "mean_abs_shift": "mean \\|shift\\|",
+        "shift_share": "shift share",
+        "spearman_change_content": "ρ(Δ, content)",
+        "spearman": "ρ(predicted, Δ)",
+        "spearman_predicted_content": "ρ(predicted, content)",
+        "spearman_soft_positions": "ρ(predicted with soft positions, Δ)",
+        "gain_of_top_predicted_swap": "gain of top swap",
+        "gain_of_top_predicted_swap_soft_positions": "gain of top swap, soft positions",
+    }
+    keys = [k for k in columns if all(k in r for r in rows)]
+    lines = ["| id | " + " | ".join(columns[k] for k in keys) + " |", "|---" * (len(keys) + 1) + "|"]
     for r in rows:
         lines.append(f"| {r['id']} | " + " | ".join(f"{r[k]:.3f}" for k in keys) + " |")
     lines.append("| **median** | " + " | ".join(f"{statistics.median(r[k] for r in rows):.3f}" for k in keys) + " |")
@@ -145,8 +151,11 @@ def main(argv):
         sys.exit(f"--dataset {FLAGS.dataset}: no examples selected; loosen the selection")
     style = PromptStyle(linearization=FLAGS.style)
     config = {"style": style.as_dict(), "diagnostic": "single-swap rank correlation at the original order"}
-    if FLAGS.decompose:  # a key only when set, so that folders recorded without it still resume
+    # Keys only when set, so that folders recorded without them still resume.
+    if FLAGS.decompose:
         config["decomposition"] = "content (original position ids kept) and position shift of every swap"
+    if FLAGS.soft_positions:
+        config["soft_positions"] = "also the prediction of the relaxation with soft positions"
     folder = selection.open_folder(
         config,
         {RECORD_NAME: {"method": RECORD_NAME, "at": "original order", "moves": "every single row and column swap"}},
@@ -161,7 +170,7 @@ def main(argv):
             start = time.perf_counter()
             try:
                 evaluator = Evaluator(model, make_problem(model, example, style, buckets=selection.bucket_grid()))
-                stats = swap_rank_correlation(evaluator, decompose=FLAGS.decompose)
+                stats = swap_rank_correlation(evaluator, decompose=FLAGS.decompose, soft_positions=FLAGS.soft_positions)
             except (AttackInputError, InputTooLong) as e:
                 folder.append({"id": example.id, "attack": RECORD_NAME, "skipped": str(e)})
                 continue
@@ -182,7 +191,7 @@ def main(argv):
             f"| {r['id']} | {r['swaps']} | {r['spearman']:.3f} | {r['gain_of_top_predicted_swap']:.3f} | "
             f"{r['best_true_gain']:.3f} | {r['mean_true_gain']:.3f} |"
         )
-    if rows and "shift_share" in rows[0]:
+    if rows and ("shift_share" in rows[0] or "spearman_soft_positions" in rows[0]):
         print()
         print(decomposition_table(rows))
     if rows:

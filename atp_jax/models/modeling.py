@@ -75,7 +75,8 @@ def rms_norm(x, weight, eps):
 
 
 def rope_tables(inv_freq, position_ids):
-    """cos/sin ``[B, S, Dh]`` float32 for integer ``position_ids`` [B, S] (HF's rotate-half layout)."""
+    """cos/sin ``[B, S, Dh]`` float32 for ``position_ids`` [B, S] (HF's rotate-half layout); ids are integers,
+    or fractional where a relaxation spreads a token's position (RoPE is a smooth function of it)."""
     angles = position_ids.astype(jnp.float32)[..., None] * inv_freq  # [B, S, Dh/2]
     angles = jnp.concatenate([angles, angles], axis=-1)
     return jnp.cos(angles), jnp.sin(angles)
@@ -149,7 +150,7 @@ class Transformer(nnx.Module):
 
         Args:
           inputs_embeds: ``[B, S, D]`` input embeddings (any float dtype; cast to the parameter dtype).
-          position_ids: ``[B, S]`` integer RoPE positions.
+          position_ids: ``[B, S]`` RoPE positions (integer; float where a relaxation makes them fractional).
           attention_mask: ``[B, S]`` padding mask (causal order added) or full ``[B, S, T]`` mask, where
             T = S without a cache and T = the cache length with one.
           cache: optional ``KVCache`` with T slots; this call's keys/values are written at

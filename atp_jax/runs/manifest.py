@@ -27,6 +27,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from atp_jax.attack import registry
 from atp_jax.runs.records import append_record, done_keys
 
 MANIFEST_VERSION = 2
@@ -234,7 +235,7 @@ class ResultsFolder:
         problems += [
             f"attack {name}: recorded {recorded[name]}, this run {config}"
             for name, config in attacks.items()
-            if name in recorded and recorded[name] != config
+            if name in recorded and not same_attack_config(recorded[name], config)
         ]
         if problems:
             raise ManifestMismatch(
@@ -249,3 +250,19 @@ class ResultsFolder:
     def append(self, record) -> None:
         """Appends one record (an ``AttackRecord``/``SkipRecord`` or a plain dict) atomically."""
         append_record(self.results_file, record)
+
+
+def same_attack_config(recorded: Mapping, current: Mapping) -> bool:
+    """Whether a recorded attack configuration is the current one: equal, or equal but for fields its method
+    gained since the record was made, now at their defaults (a new field's default keeps the behaviour from
+    before it existed, so the records still describe this configuration)."""
+    if recorded == current:
+        return True
+    added = set(current) - set(recorded)
+    if set(recorded) - set(current) or any(recorded[k] != current[k] for k in recorded) or not added:
+        return False
+    try:
+        fields = {f.name: f.default for f in dataclasses.fields(registry.method(current.get("method", "")).config)}
+    except ValueError:
+        return False
+    return all(k in fields and current[k] == fields[k] for k in added)

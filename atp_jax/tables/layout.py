@@ -260,19 +260,36 @@ def place(arrays: dict, row_perm, col_perm, *, body_length: int, max_cell_tokens
     return xp.where(xp.arange(body_length) < ends[-1], source, 0)
 
 
-def anchored_positions(arrays: dict, row_perm, col_perm, anchor_rows, anchor_cols, *, body_length: int):
+def run_positions(arrays: dict, row_perm, col_perm, run_lengths, *, body_length: int):
     """Body position ids ``[body_length]`` (from 0) of the order ``(row_perm, col_perm)`` laid out as ``place``
-    lays it out, except that every run — each cell slot and each piece of template text — starts at the position
-    it starts at under the anchor order, its tokens counting on from there.
+    lays it out, except that every run — each cell slot and each piece of template text — starts where runs of
+    lengths ``run_lengths [I]`` (integer or fractional) would put it, its tokens counting on from there.
+
+    With the order's own run lengths these are ``0, 1, 2, ...``; ``anchored_positions`` and the soft positions of
+    a relaxation (``attack.problem.soft_positions``) are the two other uses.
+    """
+    item, offset, _ = _covering_runs(_run_lengths(arrays, row_perm, col_perm), body_length)
+    starts = _array_module(run_lengths).cumsum(run_lengths) - run_lengths
+    return starts[item] + offset
+
+
+def anchored_positions(arrays: dict, row_perm, col_perm, anchor_rows, anchor_cols, *, body_length: int):
+    """``run_positions`` with every run starting where it starts under the anchor order.
 
     With the anchor the original order, a reorder then changes which content sits in which slot but shifts no
     token's position: where two swapped cells differ in length, ids overlap or leave a gap (RoPE sees only
     differences of ids, so both are well defined). Under the anchor order itself the ids are ``0, 1, 2, ...``.
     """
-    item, offset, _ = _covering_runs(_run_lengths(arrays, row_perm, col_perm), body_length)
-    anchor_length = _run_lengths(arrays, anchor_rows, anchor_cols)
-    anchor_start = _array_module(anchor_length).cumsum(anchor_length) - anchor_length
-    return anchor_start[item] + offset
+    anchor_lengths = _run_lengths(arrays, anchor_rows, anchor_cols)
+    return run_positions(arrays, row_perm, col_perm, anchor_lengths, body_length=body_length)
+
+
+def slot_run_lengths(arrays: dict, slot_lengths):
+    """Run lengths ``[I]`` when cell slot ``(a, b)`` holds ``slot_lengths[a, b]`` tokens (template runs as they
+    are)."""
+    xp = _array_module(slot_lengths)
+    slot = slot_lengths[arrays["item_row"], arrays["item_col"]]
+    return xp.where(arrays["item_kind"] == SLOT_RUN, slot, arrays["item_length"])
 
 
 def build_layout(
