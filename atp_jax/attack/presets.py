@@ -30,6 +30,7 @@ from atp_jax.attack.baselines import (
     VanillaConfig,
 )
 from atp_jax.attack.config import AttackConfig
+from atp_jax.attack.frank_wolfe import FrankWolfeConfig
 from atp_jax.attack.search import SearchConfig
 from atp_jax.attack.structured import StructuredConfig, StructuredEvolutionConfig
 
@@ -90,6 +91,10 @@ PRESETS: dict[str, AttackConfig] = {
     "search_warm": _warm_search("gradient"),
     "search_warm_reversed": _warm_search("reversed"),
     "search_warm_random": _warm_search("random"),
+    # Frank-Wolfe: 2 gradients x (1 + 9 oracle proposals) = 20 forwards + 2 backwards, and its controls.
+    "frank_wolfe": FrankWolfeConfig(),
+    "frank_wolfe_reversed": FrankWolfeConfig(direction="reversed"),
+    "frank_wolfe_random": FrankWolfeConfig(direction="random"),
     # Evidence-aware placements (no gradient): 5 forwards, and E-Search seeded by them (30, as E-Search).
     "structured": StructuredConfig(),
     "structured_evolution": StructuredEvolutionConfig(),

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from atp_jax.attack import atp, baselines, search, structured
+from atp_jax.attack import atp, baselines, frank_wolfe, search, structured
 from atp_jax.attack.config import AttackConfig
 from atp_jax.attack.result import AttackResult, Evaluator
 
@@ -86,3 +86,4 @@ register(atp.ATPConfig, atp.atp_attack, uses_gradient=True)
 register(search.SearchConfig, search.search_attack, uses_gradient=True)
 register(structured.StructuredConfig, structured.run_structured, searches=True)
 register(structured.StructuredEvolutionConfig, structured.run_structured_evolution, searches=True)
+register(frank_wolfe.FrankWolfeConfig, frank_wolfe.frank_wolfe_attack, uses_gradient=True)
