@@ -5,6 +5,7 @@ import itertools
 
 import numpy as np
 import pytest
+from conftest import SMALL
 
 from atp_jax.attack import frank_wolfe
 from atp_jax.attack.presets import preset
@@ -13,17 +14,8 @@ from atp_jax.attack.result import Evaluator
 from atp_jax.attack.run import attack
 from atp_jax.attack.search import order_gradients
 from atp_jax.inference.qa import answer_loss
-from atp_jax.tables.table import Example, Table
 
-EXAMPLE = Example(
-    "Which team plays in Rome?",
-    Table(
-        ["Team", "City", "Wins"],
-        [["Lions", "Paris", "3"], ["Bears", "Rome", "12"], ["Owls", "Oslo", "7"], ["Foxes", "Lima", "1"]],
-    ),
-    ["Bears"],
-    "fw",
-)
+EXAMPLE = SMALL
 
 
 @pytest.mark.parametrize("k", [1, 2, 4, 6])

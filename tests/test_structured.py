@@ -5,6 +5,7 @@ import itertools
 
 import numpy as np
 import pytest
+from conftest import SMALL
 
 from atp_jax.attack import structured
 from atp_jax.attack.presets import preset
@@ -12,12 +13,9 @@ from atp_jax.attack.problem import make_problem
 from atp_jax.attack.run import attack
 from atp_jax.inference.qa import answer_loss
 from atp_jax.tables.evidence import find_evidence
-from atp_jax.tables.table import Example, Table
+from atp_jax.tables.table import Example
 
-TABLE = Table(
-    ["Team", "City", "Wins"],
-    [["Lions", "Paris", "3"], ["Bears", "Rome", "12"], ["Owls", "Oslo", "7"], ["Foxes", "Lima", "1"]],
-)
+TABLE = SMALL.table
 ROME = Example("Which team plays in Rome?", TABLE, ["bears"], "rome")
 COUNT = Example("How many teams are listed?", TABLE, ["4"], "count")  # "4" is in no cell, no cell in the question
 
