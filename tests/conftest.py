@@ -59,6 +59,21 @@ def find_shared_data() -> Path | None:
     return None
 
 
+def distinct_presets(*, controls: tuple[str, ...] = ()) -> list[str]:
+    """Preset names with one per distinct configuration, leaving out the controls (``direction`` reversed or
+    random: a sign or a host-side random ranking on the same code path) except those named in ``controls``.
+    Tests that run every attack under a new regime (padding, batching) take these: each code path once."""
+    from atp_jax.attack.presets import PRESETS
+
+    seen, names = [], []
+    for name, config in PRESETS.items():
+        if config in seen or (getattr(config, "direction", "gradient") != "gradient" and name not in controls):
+            continue
+        seen.append(config)
+        names.append(name)
+    return names
+
+
 # Example tables the attack tests share: SMALL and SMALL_TWIN fill one bucket of the default grid (other
 # cells, question and answer, the same shape); LARGE is in another.
 SMALL = Example(

@@ -9,10 +9,10 @@ import json
 
 import numpy as np
 import pytest
-from conftest import LARGE, SMALL, SMALL_TWIN, run_binary
+from conftest import LARGE, SMALL, SMALL_TWIN, distinct_presets, run_binary
 
 from atp_jax.attack.batched import ComputePool, attack_many
-from atp_jax.attack.presets import PRESETS, preset
+from atp_jax.attack.presets import preset
 from atp_jax.attack.problem import make_problem
 from atp_jax.attack.run import attack
 from atp_jax.runs.experiment import run_group, run_one
@@ -68,7 +68,7 @@ def _assert_same(together, alone, where):
     )
 
 
-@pytest.mark.parametrize("name", list(PRESETS))
+@pytest.mark.parametrize("name", distinct_presets())
 def test_every_attack_on_a_batch_of_examples_equals_each_alone(sharp, problems, name):
     config = preset(name, seed=5)
     batch = [problems(example, config.objective) for example in SAME_BUCKET]
