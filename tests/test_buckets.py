@@ -194,8 +194,9 @@ def test_answer_losses_pad_batches_of_any_size_without_changing_them(sharp):
     np.testing.assert_allclose(padded, exact, rtol=1e-6, atol=1e-5)
 
 
-# ATP's random direction is drawn on the device over the padded size: its padding independence is tested too.
-@pytest.mark.parametrize("name", distinct_presets(controls=("atp_st_random",)))
+# ATP's random direction is drawn on the device over the padded size: its padding independence is tested too,
+# and so are soft positions (expected cell lengths over the padded slots).
+@pytest.mark.parametrize("name", [*distinct_presets(controls=("atp_st_random",)), "atp_joint@positions=soft"])
 def test_every_attack_chooses_the_same_orders_padded_or_not(sharp, smollm2_tokenizer, problems, name):
     config = preset(name, seed=3)
     for case, (example, grid) in _grids(smollm2_tokenizer).items():
