@@ -68,4 +68,5 @@ def test_ablate_records_every_point_tabulates_the_options_and_resumes(tiny_check
 
     again = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900, check=False)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "1 examples x 10 sweep points: 10 recorded, 0 to run" in again.stdout
+    points = len(expected) + 1  # the options and the one λ
+    assert f"1 examples x {points} sweep points: {points} recorded, 0 to run" in again.stdout

@@ -205,6 +205,7 @@ def test_one_option_changes_each_change_one_option_at_the_same_budget(name):
         "lambda": {"lambda_row", "lambda_col", "lambda_schedule"},
         "lambda_schedule": {"lambda_schedule"},
         "lr": {"lr"},
+        "positions": {"positions"},
         "restarts": {"restarts", "n_attack"},
     }
     seen = set()

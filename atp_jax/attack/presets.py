@@ -272,7 +272,8 @@ def one_option_changes(base: str, **overrides) -> dict[str, AttackConfig]:
     Every variant spends the same gradient steps as the preset (restarts × n_attack), so differences come
     from the option, not the budget. Options: each other θ initialisation; straight-through and keep-best
     flipped; λ switched on (the paper's 10, constant and annealed) when off, or off when on; the learning
-    rate a tenth; restarts folded into one long run (or a long run split into 4).
+    rate a tenth; soft positions for hard (or hard for soft); restarts folded into one long run (or a long run
+    split into 4).
     """
     config = preset(base, **overrides)
     if not isinstance(config, ATPConfig):
@@ -289,6 +290,7 @@ def one_option_changes(base: str, **overrides) -> dict[str, AttackConfig]:
         other = "constant" if config.lambda_schedule == "anneal" else "anneal"
         variants += [change(lambda_row=0.0, lambda_col=0.0), change(lambda_schedule=other)]
     variants.append(change(lr=config.lr / 10))
+    variants.append(change(positions="soft" if config.positions == "hard" else "hard"))
     steps = config.n_attack * config.restarts
     if config.restarts > 1:
         variants.append(change(restarts=1, n_attack=steps))
