@@ -65,12 +65,13 @@ def _victim_flags(server, *extra) -> list[str]:
 
 def test_server_ce_equals_the_in_process_models(server, smollm2, examples):
     """Same weights, different kernels: the reference answer's CE under two orders of each question, from the
-    server's log-probabilities by either route, within CE_TOLERANCE of the JAX model's."""
-    for example in examples:
+    server's log-probabilities by either route, within CE_TOLERANCE of the JAX model's. Echo, the slow route (the
+    server sorts the vocabulary per prompt token), on the first question only."""
+    for i, example in enumerate(examples):
         n, m = example.table.n_rows, example.table.n_cols
         tables = [example.table, example.table.permute(np.arange(n)[::-1], np.arange(m)[::-1])]
         local = answer_losses(smollm2, example, tables)
-        for endpoint in ("echo", "forced"):
+        for endpoint in ("echo", "forced") if i == 0 else ("forced",):
             victim = ServerVictim(server.url, SERVED_NAME, endpoint, smollm2.tokenizer, max_concurrency=1)
             served = victim.answer_losses(example, tables)
             np.testing.assert_allclose(served, local, atol=CE_TOLERANCE, err_msg=f"{example.id} via {endpoint}")
