@@ -117,6 +117,7 @@ class Evaluator(Oracle):
         row_perms = np.asarray(row_perms, np.int32).reshape(-1, self.problem.n_rows)
         col_perms = np.asarray(col_perms, np.int32).reshape(-1, self.problem.n_cols)
         batches = self.problem.candidate_batches
+        anchor = None if anchor is None else self.problem.padded_orders(*anchor)
         out = []
         for start in range(0, len(row_perms), batches[-1]):
             rows, cols = row_perms[start : start + batches[-1]], col_perms[start : start + batches[-1]]
@@ -130,10 +131,7 @@ class Evaluator(Oracle):
             if anchor is None:
                 values = self.compute(hard_losses, *orders, objective=self.problem.objective)
             else:
-                anchor_rows, anchor_cols = self.problem.padded_orders(*anchor)
-                values = self.compute(
-                    hard_losses_anchored, *orders, anchor_rows, anchor_cols, objective=self.problem.objective
-                )
+                values = self.compute(hard_losses_anchored, *orders, *anchor, objective=self.problem.objective)
             out.append(np.asarray(values)[:real])
             self.queries += real
         return np.concatenate(out)

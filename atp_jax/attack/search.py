@@ -200,12 +200,18 @@ def swap_rank_correlation(
 
 
 def _predicted(moves, rows, cols, g_r, g_c) -> np.ndarray:
-    """The first-order gain under gradients ``g_r``, ``g_c`` of each single-swap move ``(rows', cols', _)``."""
+    """The first-order gain (``predicted_swap_gains``) under gradients ``g_r``, ``g_c`` of each single-swap move
+    ``(rows', cols', _)``, in the moves' order."""
+    gains = {}
+    for axis, g, perm in (("row", g_r, rows), ("col", g_c, cols)):
+        if len(perm) > 1:
+            pairs, values = predicted_swap_gains(g, perm)
+            gains |= {(axis, int(a), int(b)): float(v) for (a, b), v in zip(pairs, values)}
     out = []
     for r, c, _ in moves:
-        changed_r, changed_c = np.flatnonzero(r != rows), np.flatnonzero(c != cols)
-        g, perm, (a, b) = (g_r, rows, changed_r) if len(changed_r) else (g_c, cols, changed_c)
-        out.append(g[a, perm[b]] + g[b, perm[a]] - g[a, perm[a]] - g[b, perm[b]])
+        changed_r = np.flatnonzero(r != rows)
+        axis, (a, b) = ("row", changed_r) if len(changed_r) else ("col", np.flatnonzero(c != cols))
+        out.append(gains[(axis, int(a), int(b))])
     return np.array(out)
 
 

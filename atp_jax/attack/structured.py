@@ -112,7 +112,7 @@ def run_structured_evolution(
     evidence = find_evidence(problem.example)
     tried = candidates(evidence, problem.n_rows, problem.n_cols, config.mode)[: config.population - 1]
     seeds = (np.stack([r for _, r, _ in tried]), np.stack([c for _, _, c in tried])) if tried else None
-    result = evolution(evaluator, rng, config.population, config.generations, config.mode, seeds=seeds)
-    return dataclasses.replace(
-        result, method="structured_evolution", trace={**result.trace, **_evidence_trace(evidence, tried)}
+    result = evolution(
+        evaluator, rng, config.population, config.generations, config.mode, seeds=seeds, name=config.method
     )
+    return dataclasses.replace(result, trace={**result.trace, **_evidence_trace(evidence, tried)})
