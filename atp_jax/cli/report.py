@@ -12,6 +12,10 @@ each row over only the examples measured for every attack (partial runs). Prints
 ``--output PREFIX`` also writes PREFIX.md, PREFIX.csv, PREFIX.tex (booktabs) and the bar chart PREFIX.pdf and
 PREFIX.png. A folder whose records carry ``defended`` (atp-attack --smoothing_k) adds a section to the
 markdown: per attack, the undefended mean score and the mean under permutation smoothing with each k.
+
+``--probe_filter`` with two folders of the same best-of-k on the same questions (a cheap model's first) reads
+their shared random orders (``atp_jax.runs.probe_filter``): how well the models' order effects agree, and what
+the cheap model gains as a filter over the expensive model's best-of-k at the same compute.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from absl import flags
 from atp_jax.cli.console import run_app
 from atp_jax.runs.defense_report import defense_metrics, defense_table
 from atp_jax.runs.folders import load_run
+from atp_jax.runs.probe_filter import filter_rows, order_agreement, paired_order_losses
 from atp_jax.runs.report import (
     LOSS_METRIC,
     agreement_rows,
@@ -77,6 +82,23 @@ _AGREEMENT = flags.DEFINE_bool(
     "With two --results folders of the same attacks and questions (float32 and --dtype bfloat16, or two code "
     "versions): print per attack how far the second's losses and chosen orders are from the first's, and its time "
     "over the first's.",
+)
+_PROBE_FILTER = flags.DEFINE_bool(
+    "probe_filter",
+    False,
+    "With two --results folders of best_of_k on the same questions with the same seed, a cheap model's first: "
+    "how well the two models' losses agree over the shared random orders, and what the cheap model gains as a "
+    "filter (the expensive model scores only the cheap one's top j orders) over best-of-k random orders of the "
+    "expensive model at the same compute.",
+)
+_PROBE_ATTACK = flags.DEFINE_string(
+    "probe_attack", "best_of_k", "With --probe_filter: the best-of-k spec whose orders pair (e.g. best_of_k@k=54)."
+)
+_CHEAP_COST = flags.DEFINE_float(
+    "cheap_cost",
+    0.35,
+    "With --probe_filter: a forward of the cheap model in forwards of the expensive one (measure it: the two "
+    "models' atp-benchmark fwd times).",
 )
 _OUTPUT = flags.DEFINE_string(
     "output", None, "Prefix of the .md, .csv, .tex, .pdf and .png files to write (none: print only)."
@@ -133,6 +155,8 @@ def main(argv):
         if not rows:
             sys.exit(f"--agreement: {runs[0].folder} and {runs[1].folder} share no recorded (question, attack) pair")
         sections.append(f"### {runs[1].folder} against {runs[0].folder}\n\n" + markdown_table(rows))
+    if _PROBE_FILTER.value:
+        sections.append(_probe_filter_section(runs))
     markdown = "\n\n".join(sections)
     print(markdown)
     if _OUTPUT.value:
@@ -143,6 +167,36 @@ def main(argv):
         Path(f"{prefix}.tex").write_text(score_latex(tables))
         figures = plot_scores(tables, prefix)
         print("wrote", ", ".join(map(str, [f"{prefix}.md", f"{prefix}.csv", f"{prefix}.tex", *figures])))
+
+
+def _probe_filter_section(runs) -> str:
+    if len(runs) != 2:
+        sys.exit(f"--probe_filter takes two results folders, the cheap model's first; --results names {len(runs)}")
+    cheap, expensive = runs
+    if cheap.manifest.get("seed") != expensive.manifest.get("seed"):
+        sys.exit(f"--probe_filter: {cheap.folder} and {expensive.folder} were run with different --seed")
+    name = _PROBE_ATTACK.value
+    specs = [(r.manifest.get("attacks") or {}).get(name) or {} for r in runs]
+    drawn = [{key: spec.get(key) for key in ("method", "k", "mode", "seed")} for spec in specs]
+    if drawn[0] != drawn[1] or drawn[0]["method"] != "best_of_k":
+        sys.exit(
+            f"--probe_filter: {name} must be a best_of_k spec that draws the same way in both folders "
+            f"({drawn[0]} vs {drawn[1]})"
+        )
+    try:
+        pairs = paired_order_losses(cheap.records, expensive.records, attack=name)
+    except ValueError as e:
+        sys.exit(f"--probe_filter {cheap.folder},{expensive.folder}: {e}")
+    if not pairs:
+        sys.exit(f"--probe_filter: {cheap.folder} and {expensive.folder} share no question with {name} recorded")
+    agreement = order_agreement(pairs)
+    rows = filter_rows(pairs, cheap_cost=_CHEAP_COST.value, resamples=_RESAMPLES.value, seed=_SEED.value)
+    per_question = ", ".join(f"{i} {rho:+.2f}" for i, rho in agreement["per_question"].items())
+    return (
+        f"### {cheap.model} as a filter for {expensive.model}\n\n"
+        f"Spearman of the two models' losses over the shared orders: median {agreement['median_spearman']:+.3f}, "
+        f"positive on {agreement['positive']} questions ({per_question}).\n\n" + markdown_table(rows)
+    )
 
 
 def run() -> None:
