@@ -57,15 +57,30 @@ def test_records_match_a_brute_force_and_resume(tiny_checkpoint, tmp_path):
     one = [*SELECTION[:1], "1", *SELECTION[2:]]
     split = run_binary(
         "swap_correlation",
-        ["--model", tiny_checkpoint, *one, "--output_dir", tmp_path / "s", "--decompose", "--soft_positions"],
+        [
+            "--model",
+            tiny_checkpoint,
+            *one,
+            "--output_dir",
+            tmp_path / "s",
+            "--decompose",
+            "--soft_positions",
+            "--fixed_slots",
+            "--smooth_samples",
+            "2",
+        ],
     )
     assert split.returncode == 0, split.stderr[-3000:]
     (record,) = [json.loads(line) for line in (tmp_path / "s" / "results.jsonl").read_text().splitlines()]
-    assert (
-        record["queries"] == 2 * record["swaps"] and abs(record["best_true_gain"] - records[0]["best_true_gain"]) < 1e-6
-    )
+    # the swaps, their content parts, their fixed-slot layouts and the fixed-slot original order
+    assert record["queries"] == 3 * record["swaps"] + 1
+    assert abs(record["best_true_gain"] - records[0]["best_true_gain"]) < 1e-6
     assert 0 <= record["shift_share"] <= 1 and "| **median** |" in split.stdout
     assert -1 <= record["spearman_soft_positions"] <= 1 and "soft positions" in split.stdout
+    assert -1 <= record["spearman_fixed_slot_change"] <= 1 and "ρ(fixed-slot Δ, Δ)" in split.stdout
+    assert -1 <= record["spearman_smoothed"] <= 1 and "smoothed" in split.stdout
+    manifest = json.loads((tmp_path / "s" / "run.json").read_text())
+    assert manifest["smoothed"] == {"samples": 2, "scale": 0.25, "seed": 0} and "fixed_slots" in manifest
 
     table = run_binary("swap_correlation", ["--compare", f"{out},{out}", "--attack_results", "-,-"])
     assert table.returncode == 0, table.stderr[-2000:]

@@ -38,6 +38,7 @@ from atp_jax.tables.layout import (
     Layout,
     anchored_positions,
     build_layout,
+    fixed_slot_positions,
     full_row_perm,
     pad_perms,
     place,
@@ -310,6 +311,12 @@ def hard_losses(model: Transformer, t: ProblemTensors, row_perms, col_perms, obj
     return objective_value(t, answer_logits(model, t, bodies), objective)
 
 
+def _positioned_losses(model: Transformer, t: ProblemTensors, row_perms, col_perms, positions_of, objective: str):
+    bodies = jax.vmap(lambda r, c: hard_body(t, r, c))(row_perms, col_perms)
+    positions = jax.vmap(positions_of)(row_perms, col_perms)
+    return objective_value(t, answer_logits(model, t, bodies, positions), objective)
+
+
 @functools.partial(jax.jit, static_argnames=("objective",))
 def hard_losses_anchored(
     model: Transformer, t: ProblemTensors, row_perms, col_perms, anchor_rows, anchor_cols, objective: str = "ce"
@@ -317,8 +324,26 @@ def hard_losses_anchored(
     """Objective ``[B]`` of hard permutations (as ``hard_losses``) with every run of the body starting at the
     position id it has under the anchor order ``anchor_rows [N1-1]``, ``anchor_cols [M]``
     (``layout.anchored_positions``): what a reorder does through content alone, no token's position shifted."""
-    bodies = jax.vmap(lambda r, c: hard_body(t, r, c))(row_perms, col_perms)
-    positions = jax.vmap(
-        lambda r, c: anchored_positions(t.layout, r, c, anchor_rows, anchor_cols, body_length=t.body_length)
-    )(row_perms, col_perms)
-    return objective_value(t, answer_logits(model, t, bodies, positions), objective)
+    return _positioned_losses(
+        model,
+        t,
+        row_perms,
+        col_perms,
+        lambda r, c: anchored_positions(t.layout, r, c, anchor_rows, anchor_cols, body_length=t.body_length),
+        objective,
+    )
+
+
+@functools.partial(jax.jit, static_argnames=("objective",))
+def hard_losses_fixed_slots(model: Transformer, t: ProblemTensors, row_perms, col_perms, objective: str = "ce"):
+    """Objective ``[B]`` of hard permutations (as ``hard_losses``) laid out in fixed slots, every cell slot as
+    long as the longest cell (``layout.fixed_slot_positions``): a layout in which a reorder shifts no position,
+    to be measured against the real prompt's losses."""
+    return _positioned_losses(
+        model,
+        t,
+        row_perms,
+        col_perms,
+        lambda r, c: fixed_slot_positions(t.layout, r, c, body_length=t.body_length),
+        objective,
+    )

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from atp_jax.attack.problem import AttackProblem, hard_losses, hard_losses_anchored
+from atp_jax.attack.problem import AttackProblem, hard_losses, hard_losses_anchored, hard_losses_fixed_slots
 from atp_jax.inference.qa import answer_losses
 from atp_jax.models.loading import LoadedModel
 from atp_jax.sharding import place_batch
@@ -107,13 +107,16 @@ class Evaluator(Oracle):
         function whose static arguments are ``static``."""
         return fn(self.loaded.model, self.problem.tensors, *args, **static)
 
-    def losses(self, row_perms, col_perms, anchor=None) -> np.ndarray:
+    def losses(self, row_perms, col_perms, anchor=None, fixed_slots: bool = False) -> np.ndarray:
         """Objective ``[B]`` of hard orders (the layout's tokens: one batched forward per chunk).
 
         Each chunk is padded to one of the problem's candidate batch sizes by repeating its first order; the
         repeats are dropped and not counted. ``anchor=(rows [n], cols [m])``: every run of the body keeps the
         position ids it has under that order (``problem.hard_losses_anchored``), so no token's position shifts.
+        ``fixed_slots``: the orders laid out in slots as long as the longest cell (``problem.hard_losses_fixed_slots``).
         """
+        if anchor is not None and fixed_slots:
+            raise ValueError("losses: give anchor or fixed_slots, not both")
         row_perms = np.asarray(row_perms, np.int32).reshape(-1, self.problem.n_rows)
         col_perms = np.asarray(col_perms, np.int32).reshape(-1, self.problem.n_cols)
         batches = self.problem.candidate_batches
@@ -128,7 +131,9 @@ class Evaluator(Oracle):
             rows, cols = self.problem.padded_orders(rows, cols)
             # the orders split over the mesh's data axis
             orders = place_batch(rows, self.loaded.mesh), place_batch(cols, self.loaded.mesh)
-            if anchor is None:
+            if fixed_slots:
+                values = self.compute(hard_losses_fixed_slots, *orders, objective=self.problem.objective)
+            elif anchor is None:
                 values = self.compute(hard_losses, *orders, objective=self.problem.objective)
             else:
                 values = self.compute(hard_losses_anchored, *orders, *anchor, objective=self.problem.objective)

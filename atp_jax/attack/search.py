@@ -24,11 +24,11 @@ import scipy.stats
 
 from atp_jax.attack.baselines import random_orders
 from atp_jax.attack.config import DIRECTIONS, AttackConfig
-from atp_jax.attack.hungarian import perm_to_matrix
 from atp_jax.attack.problem import ProblemTensors, answer_logits, objective_value, relaxed_positions, soft_body
 from atp_jax.attack.result import AttackResult, Evaluator
 from atp_jax.attack.sinkhorn import pin_header
 from atp_jax.models.modeling import Transformer
+from atp_jax.tables.layout import fixed_slot_positions
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,33 +52,87 @@ class SearchConfig(AttackConfig):
     start_samples: int = 0
 
 
+POSITIONS = ("hard", "soft", "slots")
+
+
 def order_gradients(
-    evaluator: Evaluator, row_perm, col_perm, positions: str = "hard"
+    evaluator: Evaluator, row_perm, col_perm, positions: str = "hard", at=None
 ) -> tuple[float, np.ndarray, np.ndarray]:
-    """(loss, ∂loss/∂D_r ``[n, n]``, ∂loss/∂D_c ``[m, m]``) at the hard order (one forward + backward, not
-    counted here). ``positions="soft"``: the relaxation's positions follow D (``problem.soft_positions``)."""
+    """(loss, ∂loss/∂D_r ``[n, n]``, ∂loss/∂D_c ``[m, m]``) of the relaxation at the hard order (one forward +
+    backward, not counted here), its body laid out by that order. ``positions``: ``hard`` (the order's own),
+    ``soft`` (following D: ``problem.soft_positions``) or ``slots`` (fixed slots as long as the longest cell:
+    ``layout.fixed_slot_positions``). ``at=(D_r [n, n], D_c [m, m])``: the gradient at those soft orders
+    instead of the hard order's one-hot matrices."""
+    if positions not in POSITIONS:
+        raise ValueError(f"positions must be one of {POSITIONS}, got {positions!r}")
     problem = evaluator.problem
     rows, cols = problem.padded_orders(row_perm, col_perm)
-    value, g_r, g_c = evaluator.compute(
-        _order_gradients, jnp.asarray(rows), jnp.asarray(cols), objective=problem.objective, positions=positions
-    )
     n, m = problem.n_rows, problem.n_cols
+    if at is None:  # the order's one-hot matrices, made on the host (no extra device program)
+        D_r, D_c = np.eye(len(rows), dtype=np.float32)[rows], np.eye(len(cols), dtype=np.float32)[cols]
+    else:
+        D_r, D_c = (_pad_identity(np.asarray(D, np.float32), len(p)) for D, p in zip(at, (rows, cols)))
+    value, g_r, g_c = evaluator.compute(
+        _gradients_at,
+        jnp.asarray(D_r),
+        jnp.asarray(D_c),
+        jnp.asarray(rows),
+        jnp.asarray(cols),
+        objective=problem.objective,
+        positions=positions,
+    )
     return float(value), np.asarray(g_r)[:n, :n], np.asarray(g_c)[:m, :m]
 
 
+def _pad_identity(D: np.ndarray, size: int) -> np.ndarray:
+    """``D [k, k]`` in the top-left corner of a ``[size, size]`` identity: pad rows/columns stay in place."""
+    out = np.eye(size, dtype=D.dtype)
+    out[: len(D), : len(D)] = D
+    return out
+
+
+def _relaxed_loss(model: Transformer, t: ProblemTensors, D_r, D_c, row_perm, col_perm, objective, positions):
+    body = soft_body(t, pin_header(D_r), D_c, row_perm, col_perm)
+    if positions == "slots":
+        ids = fixed_slot_positions(t.layout, row_perm, col_perm, body_length=t.body_length).astype(jnp.float32)
+    else:
+        ids = relaxed_positions(t, pin_header(D_r), D_c, row_perm, col_perm, float(positions == "soft"))
+    return objective_value(t, answer_logits(model, t, body[None], ids[None]), objective)[0]
+
+
 @functools.partial(jax.jit, static_argnames=("objective", "positions"))
-def _order_gradients(
-    model: Transformer, t: ProblemTensors, row_perm, col_perm, objective: str = "ce", positions: str = "hard"
+def _gradients_at(
+    model: Transformer, t: ProblemTensors, D_r, D_c, row_perm, col_perm, objective: str = "ce", positions: str = "hard"
 ):
-    """(loss, ∂loss/∂D_r ``[N1-1, N1-1]``, ∂loss/∂D_c ``[M, M]``) at a padded hard order."""
+    """(loss, ∂loss/∂D_r ``[N1-1, N1-1]``, ∂loss/∂D_c ``[M, M]``) at soft (or one-hot) ``D_r``, ``D_c`` with the
+    body laid out by the padded hard order ``row_perm``, ``col_perm``."""
 
     def loss(D_r, D_c):
-        body = soft_body(t, pin_header(D_r), D_c, row_perm, col_perm)
-        ids = relaxed_positions(t, pin_header(D_r), D_c, row_perm, col_perm, float(positions == "soft"))
-        return objective_value(t, answer_logits(model, t, body[None], ids[None]), objective)[0]
+        return _relaxed_loss(model, t, D_r, D_c, row_perm, col_perm, objective, positions)
 
-    value, (g_r, g_c) = jax.value_and_grad(loss, argnums=(0, 1))(perm_to_matrix(row_perm), perm_to_matrix(col_perm))
+    value, (g_r, g_c) = jax.value_and_grad(loss, argnums=(0, 1))(D_r, D_c)
     return value, g_r, g_c
+
+
+def smoothed_gradients(
+    evaluator: Evaluator, row_perm, col_perm, samples: int, scale: float, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """The relaxation's gradient averaged over ``samples`` soft orders near the hard one: each
+    ``(1 − scale)·P + scale·Q`` for the order's matrix P and a random permutation matrix Q (rows and columns
+    drawn apart) — a gradient that sees what lies part of the way to other orders rather than only the vertex
+    (``samples`` forward + backward passes, not counted here)."""
+    n, m = evaluator.problem.n_rows, evaluator.problem.n_cols
+    P_r, P_c = np.eye(n)[np.asarray(row_perm)], np.eye(m)[np.asarray(col_perm)]
+    total_r, total_c = np.zeros((n, n)), np.zeros((m, m))
+    for _ in range(samples):
+        at = (
+            (1 - scale) * P_r + scale * np.eye(n)[rng.permutation(n)],
+            (1 - scale) * P_c + scale * np.eye(m)[rng.permutation(m)],
+        )
+        _, g_r, g_c = order_gradients(evaluator, row_perm, col_perm, at=at)
+        total_r += g_r
+        total_c += g_c
+    return total_r / samples, total_c / samples
 
 
 def predicted_swap_gains(G: np.ndarray, perm: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -152,7 +206,15 @@ def search_attack(evaluator: Evaluator, cfg: SearchConfig, rng: np.random.Genera
 
 
 def swap_rank_correlation(
-    evaluator: Evaluator, row_perm=None, col_perm=None, decompose: bool = False, soft_positions: bool = False
+    evaluator: Evaluator,
+    row_perm=None,
+    col_perm=None,
+    decompose: bool = False,
+    soft_positions: bool = False,
+    fixed_slots: bool = False,
+    smooth_samples: int = 0,
+    smooth_scale: float = 0.25,
+    seed: int = 0,
 ) -> dict:
     """Spearman correlation between the gradient's predicted and the true objective change of every single
     row/column swap at an order (default: the original). True changes use the layout's loss (batched).
@@ -161,6 +223,10 @@ def swap_rank_correlation(
     order (``Evaluator.losses(..., anchor=...)``) — its *content* part — and so the *position shift* part, the
     change minus the content part, which a relaxation mixing cell embeddings at fixed positions cannot see.
     ``soft_positions``: also the prediction of the relaxation whose positions follow D (one more backward).
+    ``fixed_slots``: also every swap's change in the fixed-slot layout (``Evaluator.losses(..., fixed_slots=True)``),
+    how far that layout's losses are from the real prompt's, and the prediction of the relaxation laid out in
+    it. ``smooth_samples``: also the prediction of the gradient averaged over that many soft orders near the
+    order (``smoothed_gradients`` with ``smooth_scale``, random orders drawn from ``seed``).
     """
     rows = evaluator.identity[0] if row_perm is None else np.asarray(row_perm)
     cols = evaluator.identity[1] if col_perm is None else np.asarray(col_perm)
@@ -183,6 +249,29 @@ def swap_rank_correlation(
         stats |= {
             "spearman_soft_positions": _spearman(predicted_soft, true),
             "gain_of_top_predicted_swap_soft_positions": float(true[top_soft]),
+        }
+    if fixed_slots:
+        orders = [r for r, _, _ in moves], [c for _, c, _ in moves]
+        slot_value = float(evaluator.losses([rows], [cols], fixed_slots=True)[0])
+        slot_losses = evaluator.losses(*orders, fixed_slots=True)
+        slot_change = slot_losses - slot_value
+        _, g_r, g_c = order_gradients(evaluator, rows, cols, positions="slots")
+        predicted_slots = _predicted(moves, rows, cols, g_r, g_c)
+        stats |= {
+            # the fixed-slot layout against the real prompt: at the order, and over every swapped order
+            "fixed_slot_loss_gap": slot_value - value,
+            "fixed_slot_mean_abs_gap": float(np.abs(slot_losses - (true + value)).mean()),
+            "spearman_fixed_slot_change": _spearman(slot_change, true),
+            "spearman_fixed_slot_predicted": _spearman(predicted_slots, slot_change),
+            "spearman_fixed_slot_predicted_true": _spearman(predicted_slots, true),
+            "gain_of_top_predicted_swap_fixed_slots": float(true[int(np.argmax(predicted_slots))]),
+        }
+    if smooth_samples:
+        g_r, g_c = smoothed_gradients(evaluator, rows, cols, smooth_samples, smooth_scale, np.random.default_rng(seed))
+        predicted_smooth = _predicted(moves, rows, cols, g_r, g_c)
+        stats |= {
+            "spearman_smoothed": _spearman(predicted_smooth, true),
+            "gain_of_top_predicted_swap_smoothed": float(true[int(np.argmax(predicted_smooth))]),
         }
     if decompose:
         content = evaluator.losses([r for r, _, _ in moves], [c for _, c, _ in moves], anchor=(rows, cols)) - value

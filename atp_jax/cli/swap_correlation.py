@@ -64,6 +64,21 @@ flags.DEFINE_bool(
     "Also rank the swaps by the gradient of the relaxation whose RoPE positions follow the soft orders "
     "(ATPConfig.positions='soft'): one more backward per question.",
 )
+flags.DEFINE_bool(
+    "fixed_slots",
+    False,
+    "Also lay the table out in fixed slots (every cell slot as long as the longest cell, so a reorder shifts no "
+    "position): its losses against the real prompt's, and its relaxation's swap ranking; twice the forwards and "
+    "one more backward.",
+)
+flags.DEFINE_integer(
+    "smooth_samples",
+    0,
+    "Also rank the swaps by the gradient averaged over this many soft orders near the original "
+    "((1 - s) P + s Q, Q random; s = --smooth_scale): that many more backwards per question.",
+)
+flags.DEFINE_float("smooth_scale", 0.25, "With --smooth_samples: how far towards the random orders, in (0, 1].")
+flags.DEFINE_integer("seed", 0, "With --smooth_samples: seed of the random orders.")
 FLAGS = flags.FLAGS
 
 
@@ -127,8 +142,16 @@ def decomposition_table(rows: list[dict]) -> str:
         "spearman": "ρ(predicted, Δ)",
         "spearman_predicted_content": "ρ(predicted, content)",
         "spearman_soft_positions": "ρ(predicted with soft positions, Δ)",
+        "fixed_slot_loss_gap": "fixed-slot loss − real",
+        "fixed_slot_mean_abs_gap": "mean \\|fixed-slot − real\\| over swaps",
+        "spearman_fixed_slot_change": "ρ(fixed-slot Δ, Δ)",
+        "spearman_fixed_slot_predicted": "ρ(fixed-slot predicted, fixed-slot Δ)",
+        "spearman_fixed_slot_predicted_true": "ρ(fixed-slot predicted, Δ)",
+        "spearman_smoothed": "ρ(smoothed predicted, Δ)",
         "gain_of_top_predicted_swap": "gain of top swap",
         "gain_of_top_predicted_swap_soft_positions": "gain of top swap, soft positions",
+        "gain_of_top_predicted_swap_fixed_slots": "gain of top swap, fixed slots",
+        "gain_of_top_predicted_swap_smoothed": "gain of top swap, smoothed",
     }
     keys = [k for k in columns if all(k in r for r in rows)]
     lines = ["| id | " + " | ".join(columns[k] for k in keys) + " |", "|---" * (len(keys) + 1) + "|"]
@@ -156,6 +179,12 @@ def main(argv):
         config["decomposition"] = "content (original position ids kept) and position shift of every swap"
     if FLAGS.soft_positions:
         config["soft_positions"] = "also the prediction of the relaxation with soft positions"
+    if FLAGS.fixed_slots:
+        config["fixed_slots"] = "also the fixed-slot layout's losses and its relaxation's prediction"
+    if FLAGS.smooth_samples:
+        if not 0 < FLAGS.smooth_scale <= 1:
+            sys.exit(f"--smooth_scale {FLAGS.smooth_scale}: give a fraction in (0, 1]")
+        config["smoothed"] = {"samples": FLAGS.smooth_samples, "scale": FLAGS.smooth_scale, "seed": FLAGS.seed}
     folder = selection.open_folder(
         config,
         {RECORD_NAME: {"method": RECORD_NAME, "at": "original order", "moves": "every single row and column swap"}},
@@ -170,7 +199,15 @@ def main(argv):
             start = time.perf_counter()
             try:
                 evaluator = Evaluator(model, make_problem(model, example, style, buckets=selection.bucket_grid()))
-                stats = swap_rank_correlation(evaluator, decompose=FLAGS.decompose, soft_positions=FLAGS.soft_positions)
+                stats = swap_rank_correlation(
+                    evaluator,
+                    decompose=FLAGS.decompose,
+                    soft_positions=FLAGS.soft_positions,
+                    fixed_slots=FLAGS.fixed_slots,
+                    smooth_samples=FLAGS.smooth_samples,
+                    smooth_scale=FLAGS.smooth_scale,
+                    seed=FLAGS.seed,
+                )
             except (AttackInputError, InputTooLong) as e:
                 folder.append({"id": example.id, "attack": RECORD_NAME, "skipped": str(e)})
                 continue
@@ -191,7 +228,8 @@ def main(argv):
             f"| {r['id']} | {r['swaps']} | {r['spearman']:.3f} | {r['gain_of_top_predicted_swap']:.3f} | "
             f"{r['best_true_gain']:.3f} | {r['mean_true_gain']:.3f} |"
         )
-    if rows and ("shift_share" in rows[0] or "spearman_soft_positions" in rows[0]):
+    extra = ("shift_share", "spearman_soft_positions", "spearman_fixed_slot_change", "spearman_smoothed")
+    if rows and any(key in rows[0] for key in extra):
         print()
         print(decomposition_table(rows))
     if rows:

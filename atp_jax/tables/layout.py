@@ -284,6 +284,15 @@ def anchored_positions(arrays: dict, row_perm, col_perm, anchor_rows, anchor_col
     return run_positions(arrays, row_perm, col_perm, anchor_lengths, body_length=body_length)
 
 
+def fixed_slot_positions(arrays: dict, row_perm, col_perm, *, body_length: int):
+    """``run_positions`` with every cell slot as long as the table's longest cell: a reorder then exchanges the
+    contents of slots and shifts no position (a cell shorter than its slot leaves a gap in the ids after its
+    tokens; RoPE sees only differences of ids). The same ids for every order."""
+    lengths = arrays["cell_lengths"]  # pad cells are 0 long: the longest is a real cell
+    slots = _array_module(lengths).full_like(lengths, lengths.max())
+    return run_positions(arrays, row_perm, col_perm, slot_run_lengths(arrays, slots), body_length=body_length)
+
+
 def slot_run_lengths(arrays: dict, slot_lengths):
     """Run lengths ``[I]`` when cell slot ``(a, b)`` holds ``slot_lengths[a, b]`` tokens (template runs as they
     are)."""
