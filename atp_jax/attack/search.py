@@ -232,7 +232,8 @@ def swap_rank_correlation(
     cols = evaluator.identity[1] if col_perm is None else np.asarray(col_perm)
     value, g_r, g_c = order_gradients(evaluator, rows, cols)
     moves = _candidates(rows, cols, g_r, g_c, SearchConfig(), None)
-    true = evaluator.losses([r for r, _, _ in moves], [c for _, c, _ in moves]) - value
+    orders = [r for r, _, _ in moves], [c for _, c, _ in moves]
+    true = evaluator.losses(*orders) - value
     predicted = np.array([s for _, _, s in moves])
     top = int(np.argmax(predicted))
     stats = {
@@ -251,7 +252,6 @@ def swap_rank_correlation(
             "gain_of_top_predicted_swap_soft_positions": float(true[top_soft]),
         }
     if fixed_slots:
-        orders = [r for r, _, _ in moves], [c for _, c, _ in moves]
         slot_value = float(evaluator.losses([rows], [cols], fixed_slots=True)[0])
         slot_losses = evaluator.losses(*orders, fixed_slots=True)
         slot_change = slot_losses - slot_value
@@ -274,7 +274,7 @@ def swap_rank_correlation(
             "gain_of_top_predicted_swap_smoothed": float(true[int(np.argmax(predicted_smooth))]),
         }
     if decompose:
-        content = evaluator.losses([r for r, _, _ in moves], [c for _, c, _ in moves], anchor=(rows, cols)) - value
+        content = evaluator.losses(*orders, anchor=(rows, cols)) - value
         shift = true - content
         stats |= {
             "mean_abs_change": float(np.abs(true).mean()),
