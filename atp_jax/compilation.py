@@ -6,8 +6,11 @@ lowering to MLIR and compiling (or fetching from the cache), and cache hits. Tak
 after a piece of work; ``after - before`` is that work's share.
 
 ``enable_persistent_cache()`` points JAX's persistent compilation cache at ``<atp_jax cache>/xla`` unless
-``JAX_COMPILATION_CACHE_DIR`` (JAX's own setting) already names a folder, which then wins; programs that
-took at least ``jax_persistent_cache_min_compile_time_secs`` (JAX's default) to compile are kept.
+``JAX_COMPILATION_CACHE_DIR`` (JAX's own setting) already names a folder, which then wins. Every program is
+kept, however quickly it compiled (JAX's default keeps only those over a second; a sweep builds dozens of
+small ones), unless ``JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS`` sets JAX's threshold. JAX never writes a
+program that holds a host callback — ATP with ``hungarian="host"`` (SciPy through ``pure_callback``) —
+so those compile in every process; ``hungarian="device"`` makes them cacheable.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ LOWER_EVENT = "/jax/core/compile/jaxpr_to_mlir_module_duration"
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
 CACHE_ENV_VAR = "JAX_COMPILATION_CACHE_DIR"
+MIN_COMPILE_TIME_ENV_VAR = "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +94,8 @@ def enable_persistent_cache(directory: str | os.PathLike | None = None) -> str:
     folder = directory or os.environ.get(CACHE_ENV_VAR) or str(cache_dir() / "xla")
     Path(folder).expanduser().mkdir(parents=True, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", str(Path(folder).expanduser()))
+    if MIN_COMPILE_TIME_ENV_VAR not in os.environ:
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     return str(Path(folder).expanduser())
 
 
