@@ -8,9 +8,11 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from flax import nnx
 
 from atp_jax.models import params
 from atp_jax.models.config import ConfigError, ModelConfig
+from atp_jax.models.loading import load_model
 from atp_jax.models.modeling import KVCache, default_positions
 
 TINY = dict(
@@ -149,6 +151,38 @@ def test_gradient_to_embeddings_is_finite(pair):
     assert g.shape == embeds.shape and bool(jnp.all(jnp.isfinite(g))) and float(jnp.abs(g).sum()) > 0
 
 
+def _embedding_gradient(model, ids, positions):
+    def loss(e):
+        logits = model(e, positions, jnp.ones(ids.shape, bool)).logits
+        return jax.nn.log_softmax(logits[0, -4:]).sum()
+
+    return jax.jit(jax.grad(loss)), model.embed(ids)
+
+
+def test_remat_keeps_gradients_and_frees_the_activations(pair):
+    _, torch_model, model, _ = pair
+    ids, positions = jnp.arange(48)[None] % 97, jnp.arange(48)[None] + 3
+    embeds = torch.tensor(np.asarray(model.embed(ids)), requires_grad=True)
+    out = torch_model(inputs_embeds=embeds, position_ids=torch.tensor(np.asarray(positions)))
+    torch.log_softmax(out.logits[0, -4:], dim=-1).sum().backward()
+    kept, remat = nnx.clone(model), nnx.clone(model)
+    remat.remat = True
+    for m in (kept, remat):
+        grad, e = _embedding_gradient(m, ids, positions)
+        np.testing.assert_allclose(grad(e)[0], embeds.grad.numpy()[0], atol=2e-5, rtol=2e-4)
+    # The backward of the recomputing model holds less: its compiled program's scratch memory is smaller.
+    scratch = {}
+    for name, m in (("kept", kept), ("remat", remat)):
+        compiled = _embedding_gradient(m, ids, positions)[0].lower(m.embed(ids)).compile()
+        scratch[name] = compiled.memory_analysis().temp_size_in_bytes
+    assert scratch["remat"] < scratch["kept"], scratch
+
+
+def test_load_model_passes_remat_to_the_model(tiny_checkpoint):
+    assert load_model(tiny_checkpoint).model.remat is False
+    assert load_model(tiny_checkpoint, remat=True).model.remat is True
+
+
 def test_bfloat16_parameters_track_float32(pair, tmp_path):
     name, torch_model, model32, config = pair
     path = tmp_path / "ckpt"
@@ -191,7 +225,6 @@ def test_config_errors_name_the_problem():
 
 
 def test_load_model_rejects_unknown_specs(tmp_path):
-    from atp_jax.models.loading import load_model
 
     with pytest.raises(ValueError, match="unknown model 'no-such-model'.*smollm2-135m-instruct"):
         load_model("no-such-model")

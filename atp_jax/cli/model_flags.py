@@ -1,6 +1,6 @@
 """The model flags every binary that loads a model shares, and loading the model they name.
 
-``define_model_flags()`` at import defines ``--model --dtype --tokenizer --mesh``; in ``main``,
+``define_model_flags()`` at import defines ``--model --dtype --tokenizer --remat --mesh``; in ``main``,
 ``check_model_flags()`` (after ``jax.distributed`` is joined, before anything slow) stops a bad value with one
 message, and ``load_model_from_flags()`` loads. ``identity()`` is what of them enters a results folder's
 identity (the parameter dtype and a replacement tokenizer change the numbers; the mesh does not) and
@@ -30,7 +30,7 @@ MODEL_HELP = (
 
 
 def define_model_flags(model: str | None, model_help: str = MODEL_HELP) -> None:
-    """``--model`` (default ``model``) ``--dtype --tokenizer --mesh``."""
+    """``--model`` (default ``model``) ``--dtype --tokenizer --remat --mesh``."""
     flags.DEFINE_string("model", model, model_help)
     flags.DEFINE_enum(
         "dtype",
@@ -39,6 +39,12 @@ def define_model_flags(model: str | None, model_help: str = MODEL_HELP) -> None:
         "Parameter dtype (norms, softmax and logits are float32 either way); bfloat16 halves the weights' memory.",
     )
     flags.DEFINE_string("tokenizer", None, "HF tokenizer directory replacing the model's own.")
+    flags.DEFINE_bool(
+        "remat",
+        False,
+        "Recompute each layer's activations in the backward pass instead of keeping them: gradients (ATP, "
+        "Frank-Wolfe, search) then fit long tables, many restarts or large models, for one more forward each.",
+    )
     flags.DEFINE_string(
         "mesh",
         None,
@@ -65,7 +71,7 @@ def load_model_from_flags(spec: str | None = None, mesh: Mesh | None = None) -> 
     spec = spec or FLAGS.model
     mesh = check_model_flags() if mesh is None else mesh
     try:
-        return load_model(spec, dtype=DTYPES[FLAGS.dtype], tokenizer=FLAGS.tokenizer, mesh=mesh)
+        return load_model(spec, dtype=DTYPES[FLAGS.dtype], tokenizer=FLAGS.tokenizer, mesh=mesh, remat=FLAGS.remat)
     except (ValueError, OSError) as e:  # a corrupt or truncated file, a config the decoder cannot take, the hub
         sys.exit(f"--model {spec}: {e}")
 
@@ -86,5 +92,5 @@ def identity() -> dict:
 
 
 def manifest(mesh: Mesh | None) -> dict:
-    """What of these flags does not change a result, for the record: the mesh."""
-    return {"mesh": describe(mesh)}
+    """What of these flags does not change a result, for the record: the mesh (and ``remat`` when on)."""
+    return {"mesh": describe(mesh), **({"remat": True} if FLAGS.remat else {})}

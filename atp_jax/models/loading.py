@@ -61,6 +61,7 @@ def load_model(
     dtype=jnp.float32,
     tokenizer: str | Path | None = None,
     mesh: Mesh | str | None = None,
+    remat: bool = False,
 ) -> LoadedModel:
     """Loads a model by zoo name (see ``atp_jax.models.zoo.list_models()``), HF directory, GGUF path or Hugging
     Face Hub id (``org/name``: safetensors, config and tokenizer downloaded once, see ``atp_jax.models.hub``).
@@ -75,7 +76,16 @@ def load_model(
     ``mesh``: a ``jax.sharding.Mesh`` with axes ``data`` and ``model`` or its ``--mesh`` string
     (``"data=2,model=4"``, see ``atp_jax.sharding.make_mesh``); the weights are split over ``model``
     (tensor-parallel) and copied along ``data``, each device receiving only its shards. None: one device.
+
+    ``remat``: gradients recompute each layer's activations instead of keeping them (``Transformer.remat``) —
+    for long prompts, many restarts or large models whose backward would not fit otherwise.
     """
+    loaded = _load(spec, dtype, tokenizer, mesh)
+    loaded.model.remat = remat
+    return loaded
+
+
+def _load(spec, dtype, tokenizer, mesh) -> LoadedModel:
     start = time.perf_counter()
     if isinstance(mesh, str):
         mesh = make_mesh(mesh)

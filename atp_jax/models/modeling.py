@@ -110,9 +110,15 @@ def expand_mask(attention_mask, num_queries: int):
 class Transformer(nnx.Module):
     """Decoder-only transformer (Llama / Qwen2) over explicit embeddings, positions and masks."""
 
-    def __init__(self, config: ModelConfig, *, dtype=jnp.float32, rngs: nnx.Rngs, mesh: Mesh | None = None):
+    def __init__(
+        self, config: ModelConfig, *, dtype=jnp.float32, rngs: nnx.Rngs, mesh: Mesh | None = None, remat: bool = False
+    ):
         self.config = config
         self.dtype = dtype
+        # Recompute each layer in the backward pass (jax.checkpoint on the scanned layer) instead of keeping its
+        # activations: a gradient then holds one [B, S, D] per layer rather than every layer's [B, H, S, S]
+        # attention scores, at the price of one more forward. Values and gradients are unchanged.
+        self.remat = remat
         # The mesh the weights live on (atp_jax.sharding; None: one device). Callers place their batches on it.
         self.mesh = mesh
         # Global tensors of the schema: the embeddings, then (after the layers) the final norm and an
@@ -196,7 +202,8 @@ class Transformer(nnx.Module):
             return h, (k if cache_k is not None else None, v if cache_k is not None else None, probs_out)
 
         cache_xs = (cache.k, cache.v) if cache is not None else (None, None)
-        x, (new_k, new_v, attentions) = jax.lax.scan(layer, x, (weights, *cache_xs))
+        body = jax.checkpoint(layer, prevent_cse=False) if self.remat else layer  # no CSE to undo inside a scan
+        x, (new_k, new_v, attentions) = jax.lax.scan(body, x, (weights, *cache_xs))
         hidden = rms_norm(x, self.final_norm[...], c.rms_norm_eps)
         selected = hidden
         if logits_positions is not None:
