@@ -11,6 +11,9 @@ skew of the bootstrap distribution. Where BCa is undefined the result says so in
 
 A paired difference (an attack against its control on the same questions) is the interval of the mean
 per-question difference: resampling questions keeps each question's two values together.
+
+``expected_best_of`` is the other estimate the reports share: best-of-j random orders, exact in expectation
+over k ≥ j recorded ones.
 """
 
 from __future__ import annotations
@@ -58,3 +61,15 @@ def bootstrap_interval(values, level: float = 0.95, resamples: int = 2000, seed:
 def has_interval(low: float | None, high: float | None) -> bool:
     """Whether ``(low, high)`` is an interval (not None, not the NaN of an undefined one)."""
     return low is not None and high is not None and not (math.isnan(low) or math.isnan(high))
+
+
+def expected_best_of(values, j: int) -> float:
+    """Exact expected maximum of ``j`` of ``values`` ``[k]`` drawn without replacement: the i-th smallest is the
+    maximum of C(i-1, j-1) of the C(k, j) draws. Over k i.i.d. draws this is the U-statistic of the maximum of
+    j draws, an unbiased estimate of best-of-j with less variance than one run of it."""
+    v = np.sort(np.asarray(values, float))
+    k = len(v)
+    if not 1 <= j <= k:
+        raise ValueError(f"j must be in 1..{k}, got {j}")
+    weights = np.array([math.comb(i, j - 1) for i in range(k)], float) / math.comb(k, j)
+    return float(weights @ v)

@@ -12,7 +12,7 @@ from conftest import SMALL, run_binary
 from atp_jax.attack.presets import preset
 from atp_jax.attack.run import attack
 from atp_jax.inference.qa import answer_loss
-from atp_jax.runs.probe_filter import expected_best_of, filter_rows, order_agreement, paired_order_losses
+from atp_jax.runs.probe_filter import filter_rows, order_agreement, paired_order_losses
 from atp_jax.runs.records import append_record
 
 
@@ -45,16 +45,6 @@ def test_two_models_score_the_same_orders(tiny_llama, sharp):
     la, lb = pairs[SMALL.id]
     assert len(la) == len(lb) == 6 and not np.allclose(la, lb)  # two models, one set of orders
     assert lb[int(np.argmax(la))] == pytest.approx(answer_loss(sharp, SMALL, cheap.table), abs=1e-4)
-
-
-@pytest.mark.parametrize("k,j", [(1, 1), (5, 1), (5, 2), (6, 3), (7, 7)])
-def test_expected_best_of_enumerates_every_draw(k, j):
-    values = np.random.default_rng(k * 10 + j).standard_normal(k)
-    values[0] = values[-1]  # a tie
-    brute = np.mean([max(values[list(c)]) for c in itertools.combinations(range(k), j)])
-    assert expected_best_of(values, j) == pytest.approx(brute)
-    with pytest.raises(ValueError, match="j must be in"):
-        expected_best_of(values, k + 1)
 
 
 def test_filter_rows_by_hand():

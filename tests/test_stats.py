@@ -1,11 +1,13 @@
-"""BCa bootstrap intervals (atp_jax.stats): the cases where BCa is undefined, and coverage against known means."""
+"""atp_jax.stats: BCa bootstrap intervals (the cases where BCa is undefined, coverage against known means) and the
+expected best of j recorded values (against every draw enumerated)."""
 
+import itertools
 import math
 
 import numpy as np
 import pytest
 
-from atp_jax.stats import MIN_VALUES, bootstrap_interval, has_interval
+from atp_jax.stats import MIN_VALUES, bootstrap_interval, expected_best_of, has_interval
 
 
 def test_below_three_values_there_is_no_interval():
@@ -52,3 +54,13 @@ def test_coverage_at_twelve_questions():
     samples = (rng.random((300, 12)) < 0.3).astype(float)
     covered = [low <= 0.3 <= high for low, high in (bootstrap_interval(s, seed=k) for k, s in enumerate(samples))]
     assert np.mean(covered) >= 0.93
+
+
+@pytest.mark.parametrize("k,j", [(1, 1), (5, 1), (5, 2), (6, 3), (7, 7)])
+def test_expected_best_of_enumerates_every_draw(k, j):
+    values = np.random.default_rng(k * 10 + j).standard_normal(k)
+    values[0] = values[-1]  # a tie
+    brute = np.mean([max(values[list(c)]) for c in itertools.combinations(range(k), j)])
+    assert expected_best_of(values, j) == pytest.approx(brute)
+    with pytest.raises(ValueError, match="j must be in"):
+        expected_best_of(values, k + 1)

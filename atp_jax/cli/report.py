@@ -16,6 +16,10 @@ markdown: per attack, the undefended mean score and the mean under permutation s
 ``--probe_filter`` with two folders of the same best-of-k on the same questions (a cheap model's first) reads
 their shared random orders (``atp_jax.runs.probe_filter``): how well the models' order effects agree, and what
 the cheap model gains as a filter over the expensive model's best-of-k at the same compute.
+
+``--compare --sampled_reference best_of_k@k=K`` also sets every searching attack against best-of-j at its own
+compute on each question, exact in expectation over the K order losses one best-of-K run recorded
+(``atp_jax.runs.sampled_budget``).
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from atp_jax.runs.report import (
     score_markdown,
     score_tables,
 )
+from atp_jax.runs.sampled_budget import sampled_budget_markdown, sampled_budget_rows
 
 _RESULTS = flags.DEFINE_list("results", None, "Comma list of results folders (run_attack/ablate/transfer output).")
 _METRIC = flags.DEFINE_string(
@@ -75,6 +80,13 @@ _BACKWARD_COST = flags.DEFINE_float(
     2.0,
     "With --compare: a backward pass's cost in forwards, for the best-of-k at equal compute each searching attack "
     "is compared with (measure it: atp-benchmark's fwd_bwd / fwd - 1).",
+)
+_SAMPLED_REFERENCE = flags.DEFINE_string(
+    "sampled_reference",
+    None,
+    "With --compare: also compare every searching attack with best-of-j random orders at its own compute on each "
+    "question (j = its forwards, a backward counted as --backward_cost), exact in expectation over this best-of-k "
+    "spec's recorded order losses (e.g. best_of_k@k=54): one large best-of-k run stands in for one run per budget.",
 )
 _AGREEMENT = flags.DEFINE_bool(
     "agreement",
@@ -148,6 +160,8 @@ def main(argv):
                     f"### {run.dataset}: {run.model}, paired comparisons ({run.folder})\n\n"
                     + comparison_markdown(rows, metric)
                 )
+            if _SAMPLED_REFERENCE.value:
+                sections.append(_sampled_budget_section(run))
     if _AGREEMENT.value:
         if len(runs) != 2:
             sys.exit(f"--agreement compares two results folders; --results names {len(runs)}")
@@ -167,6 +181,20 @@ def main(argv):
         Path(f"{prefix}.tex").write_text(score_latex(tables))
         figures = plot_scores(tables, prefix)
         print("wrote", ", ".join(map(str, [f"{prefix}.md", f"{prefix}.csv", f"{prefix}.tex", *figures])))
+
+
+def _sampled_budget_section(run) -> str:
+    reference = _SAMPLED_REFERENCE.value
+    try:
+        rows = sampled_budget_rows(
+            run.records, reference, _BACKWARD_COST.value, resamples=_RESAMPLES.value, seed=_SEED.value
+        )
+    except ValueError as e:
+        sys.exit(f"--sampled_reference {reference} in {run.folder}: {e}")
+    return (
+        f"### {run.dataset}: {run.model}, against best-of-j at each question's compute, from {reference} "
+        f"({run.folder}; a backward = {_BACKWARD_COST.value:g} forwards)\n\n" + sampled_budget_markdown(rows, reference)
+    )
 
 
 def _probe_filter_section(runs) -> str:

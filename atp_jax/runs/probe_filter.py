@@ -20,7 +20,7 @@ import numpy as np
 import scipy.stats
 
 from atp_jax.runs.report import interval_text
-from atp_jax.stats import bootstrap_interval
+from atp_jax.stats import bootstrap_interval, expected_best_of
 
 BEST_OF_K = "best_of_k"
 
@@ -57,17 +57,6 @@ def paired_order_losses(
             )
         pairs[b["id"]] = (la, lb)
     return pairs
-
-
-def expected_best_of(values: np.ndarray, j: int) -> float:
-    """Exact expected maximum of ``j`` of ``values [k]`` drawn without replacement: the i-th smallest is the
-    maximum of C(i-1, j-1) of the C(k, j) draws."""
-    v = np.sort(np.asarray(values, float))
-    k = len(v)
-    if not 1 <= j <= k:
-        raise ValueError(f"j must be in 1..{k}, got {j}")
-    weights = np.array([math.comb(i, j - 1) for i in range(k)], float) / math.comb(k, j)
-    return float(weights @ v)
 
 
 def filter_rows(
