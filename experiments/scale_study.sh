@@ -29,7 +29,9 @@ K=$("$BIN/python" -c "
 import json, math
 d = json.load(open('$BENCH'))
 print(math.ceil(24 + 20 * d['fwd_bwd_median_s'] / d['fwd_median_s']))")
-"$BIN/atp-attack" --model "$VICTIM" "${SELECT[@]}" \
+#    --remat: the victim's ATP backward over 4 restarts would otherwise keep every layer's attention scores
+#    (11 GB already at 135M on a 12 x 8 table); recomputing them costs ≈ 1.1× the attack time (docs/benchmarks/compiles.md).
+"$BIN/atp-attack" --model "$VICTIM" "${SELECT[@]}" --remat \
   --attacks "paper_table,paper,atp_st_reversed,atp_st_random,best_of_k@k=$K" \
   --metrics auto,judge --judge_model "$VICTIM" --output_dir "$OUT/${VICTIM}_attacks"
 
