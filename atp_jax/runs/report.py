@@ -268,13 +268,18 @@ def choose_metric(records: Iterable[dict], requested: str | None = None, where: 
     return pick_metric(available, requested, where, hint, (*SCORE_METRICS, LOSS_METRIC))
 
 
+def forward_cost(record: dict, backward_cost: float) -> float:
+    """One record's compute in forwards: queries + ``backward_cost`` × backward calls (a backward's cost in
+    forwards is measured by ``atp-benchmark``: ``fwd_bwd / fwd − 1``)."""
+    return record["queries"] + backward_cost * record.get("backward_calls", 0)
+
+
 def forward_equivalents(records: Iterable[dict], backward_cost: float = 2.0) -> dict[str, float]:
-    """Mean cost per example of each recorded attack in forwards: queries + ``backward_cost`` × backward calls
-    (a backward's cost in forwards is measured by ``atp-benchmark``: ``fwd_bwd / fwd − 1``)."""
+    """Mean cost per example of each recorded attack in forwards (``forward_cost``)."""
     costs: dict[str, list[float]] = defaultdict(list)
     for r in records:
         if "queries" in r and "skipped" not in r:
-            costs[r["attack"]].append(r["queries"] + backward_cost * r.get("backward_calls", 0))
+            costs[r["attack"]].append(forward_cost(r, backward_cost))
     return {attack: float(np.mean(c)) for attack, c in costs.items()}
 
 

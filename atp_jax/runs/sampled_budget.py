@@ -20,7 +20,7 @@ import numpy as np
 
 from atp_jax.attack import registry
 from atp_jax.attack.presets import preset
-from atp_jax.runs.report import LOSS_METRIC, interval_text
+from atp_jax.runs.report import LOSS_METRIC, forward_cost, interval_text
 from atp_jax.stats import bootstrap_interval, expected_best_of
 
 
@@ -81,7 +81,7 @@ def sampled_budget_rows(
         for r in attack_records:
             if "queries" not in r:
                 continue  # recorded before calls were counted: no budget to match
-            budget = math.ceil(r["queries"] + backward_cost * r.get("backward_calls", 0) - 1e-9)
+            budget = math.ceil(forward_cost(r, backward_cost) - 1e-9)
             if budget > k:
                 over += 1
                 continue
