@@ -193,6 +193,15 @@ def preset(name: str, **overrides) -> AttackConfig:
     return dataclasses.replace(config, **{**named, **typed})
 
 
+def attack_config(name: str) -> AttackConfig | None:
+    """The configuration a recorded attack name stands for, or None for a label from elsewhere (a transferred
+    source's name), which has no configuration to compare."""
+    try:
+        return preset(name)
+    except ValueError:
+        return None
+
+
 def spec_name(base: str, config: AttackConfig) -> str:
     """The canonical spec of ``config`` written from preset ``base``: the fields that differ, sorted."""
     reference = PRESETS[base]
@@ -246,12 +255,7 @@ def control_pairs(names: Iterable[str], reference: str = "best_of_k") -> list[tu
     """(method, control) pairs among ``names``: each gradient method against the names whose configuration
     is the same with ``direction`` reversed or random; every searching method (gradient or not) against
     ``reference`` when present."""
-    configs = {}
-    for name in dict.fromkeys(names):
-        try:
-            configs[name] = preset(name)
-        except ValueError:
-            continue  # a label from elsewhere (e.g. a transferred source): no configuration to compare
+    configs = {name: config for name in dict.fromkeys(names) if (config := attack_config(name)) is not None}
     pairs = []
     for name, config in configs.items():
         method = registry.method_of(config)

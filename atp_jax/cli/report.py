@@ -19,7 +19,9 @@ the cheap model gains as a filter over the expensive model's best-of-k at the sa
 
 ``--compare --sampled_reference best_of_k@k=K`` also sets every searching attack against best-of-j at its own
 compute on each question, exact in expectation over the K order losses one best-of-K run recorded
-(``atp_jax.runs.sampled_budget``).
+(``atp_jax.runs.sampled_budget``); ``--backward_cost`` takes one value or one per folder. With
+``--choose_strongest`` it picks the attack that beats it by the most on its worst folder, on a random half of the
+questions, and measures that attack alone on the other half (``atp_jax.runs.strongest``).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from atp_jax.runs.report import (
     score_tables,
 )
 from atp_jax.runs.sampled_budget import sampled_budget_markdown, sampled_budget_rows
+from atp_jax.runs.strongest import choose_strongest, strongest_markdown
 
 _RESULTS = flags.DEFINE_list("results", None, "Comma list of results folders (run_attack/ablate/transfer output).")
 _METRIC = flags.DEFINE_string(
@@ -75,11 +78,12 @@ _COMPARE = flags.DEFINE_bool(
     "reversed/random-direction controls, with best-of-20 and with the recorded best-of-k at each searching "
     "attack's compute (per-example differences).",
 )
-_BACKWARD_COST = flags.DEFINE_float(
+_BACKWARD_COST = flags.DEFINE_list(
     "backward_cost",
-    2.0,
+    ["2.0"],
     "With --compare: a backward pass's cost in forwards, for the best-of-k at equal compute each searching attack "
-    "is compared with (measure it: atp-benchmark's fwd_bwd / fwd - 1).",
+    "is compared with (measure it: atp-benchmark's fwd_bwd / fwd - 1); one value for every --results folder, or "
+    "one per folder (victims differ).",
 )
 _SAMPLED_REFERENCE = flags.DEFINE_string(
     "sampled_reference",
@@ -88,6 +92,14 @@ _SAMPLED_REFERENCE = flags.DEFINE_string(
     "question (j = its forwards, a backward counted as --backward_cost), exact in expectation over this best-of-k "
     "spec's recorded order losses (e.g. best_of_k@k=54): one large best-of-k run stands in for one run per budget.",
 )
+_CHOOSE_STRONGEST = flags.DEFINE_bool(
+    "choose_strongest",
+    False,
+    "With --sampled_reference: choose the searching attack that beats best-of-j at its compute by the most on its "
+    "worst --results folder, on a random half of the questions they share, and measure it alone on the other half "
+    "(atp_jax.runs.strongest).",
+)
+_SPLIT_SEED = flags.DEFINE_integer("split_seed", 0, "With --choose_strongest: the seed that halves the questions.")
 _AGREEMENT = flags.DEFINE_bool(
     "agreement",
     False,
@@ -145,15 +157,16 @@ def main(argv):
                 f"### {run.dataset}: {run.model}, permutation smoothing ({run.folder})\n\n"
                 + defense_table(defended, metric)
             )
+    backward_costs = _backward_costs(len(runs))
     if _COMPARE.value:
         metric = _METRIC.value or LOSS_METRIC
-        for run in runs:
+        for run, backward_cost in zip(runs, backward_costs):
             rows = paired_comparisons(
                 run.records,
                 metric=metric,
                 resamples=_RESAMPLES.value,
                 seed=_SEED.value,
-                backward_cost=_BACKWARD_COST.value,
+                backward_cost=backward_cost,
             )
             if rows:
                 sections.append(
@@ -161,7 +174,9 @@ def main(argv):
                     + comparison_markdown(rows, metric)
                 )
             if _SAMPLED_REFERENCE.value:
-                sections.append(_sampled_budget_section(run))
+                sections.append(_sampled_budget_section(run, backward_cost))
+    if _CHOOSE_STRONGEST.value:
+        sections.append(_strongest_section(runs, backward_costs))
     if _AGREEMENT.value:
         if len(runs) != 2:
             sys.exit(f"--agreement compares two results folders; --results names {len(runs)}")
@@ -183,17 +198,48 @@ def main(argv):
         print("wrote", ", ".join(map(str, [f"{prefix}.md", f"{prefix}.csv", f"{prefix}.tex", *figures])))
 
 
-def _sampled_budget_section(run) -> str:
+def _backward_costs(folders: int) -> list[float]:
+    values = _BACKWARD_COST.value
+    try:
+        costs = [float(v) for v in values]
+    except ValueError:
+        sys.exit(f"--backward_cost {','.join(values)}: give numbers (forwards per backward), e.g. 1.66")
+    if len(costs) == 1:
+        return costs * folders
+    if len(costs) != folders:
+        sys.exit(f"--backward_cost gives {len(costs)} values for {folders} --results folders; give one, or one each")
+    return costs
+
+
+def _sampled_budget_section(run, backward_cost: float) -> str:
     reference = _SAMPLED_REFERENCE.value
     try:
-        rows = sampled_budget_rows(
-            run.records, reference, _BACKWARD_COST.value, resamples=_RESAMPLES.value, seed=_SEED.value
-        )
+        rows = sampled_budget_rows(run.records, reference, backward_cost, resamples=_RESAMPLES.value, seed=_SEED.value)
     except ValueError as e:
         sys.exit(f"--sampled_reference {reference} in {run.folder}: {e}")
     return (
         f"### {run.dataset}: {run.model}, against best-of-j at each question's compute, from {reference} "
-        f"({run.folder}; a backward = {_BACKWARD_COST.value:g} forwards)\n\n" + sampled_budget_markdown(rows, reference)
+        f"({run.folder}; a backward = {backward_cost:g} forwards)\n\n" + sampled_budget_markdown(rows, reference)
+    )
+
+
+def _strongest_section(runs, backward_costs: list[float]) -> str:
+    reference = _SAMPLED_REFERENCE.value
+    if not reference:
+        sys.exit("--choose_strongest compares with best-of-j at equal compute: give --sampled_reference best_of_k@k=K")
+    try:
+        choice = choose_strongest(
+            [run.records for run in runs],
+            reference,
+            backward_costs,
+            split_seed=_SPLIT_SEED.value,
+            resamples=_RESAMPLES.value,
+            seed=_SEED.value,
+        )
+    except ValueError as e:
+        sys.exit(f"--choose_strongest over {','.join(str(run.folder) for run in runs)}: {e}")
+    return f"### The strongest attack against best-of-j at its compute, from {reference}\n\n" + strongest_markdown(
+        choice, [f"{run.model} ({run.folder})" for run in runs]
     )
 
 

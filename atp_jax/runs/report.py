@@ -18,7 +18,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from atp_jax.attack import registry
-from atp_jax.attack.presets import ATTACK_GROUPS, control_pairs, preset
+from atp_jax.attack.presets import ATTACK_GROUPS, attack_config, control_pairs
 from atp_jax.plotting import new_figure, save_figure
 from atp_jax.runs.folders import Run
 from atp_jax.stats import MIN_VALUES, bootstrap_interval, has_interval
@@ -290,10 +290,9 @@ def equal_budget_pairs(records: Iterable[dict], backward_cost: float = 2.0) -> l
     best_of: dict[int, str] = {}
     searching = []
     for attack in budgets:
-        try:
-            config = preset(attack)
-        except ValueError:
-            continue  # a label from elsewhere (a transferred source): no configuration
+        config = attack_config(attack)
+        if config is None:
+            continue
         if config.method == "best_of_k":
             best_of.setdefault(config.k, attack)
         elif registry.method_of(config).searches and getattr(config, "direction", "gradient") == "gradient":

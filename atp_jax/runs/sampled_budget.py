@@ -19,7 +19,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from atp_jax.attack import registry
-from atp_jax.attack.presets import preset
+from atp_jax.attack.presets import attack_config, preset
 from atp_jax.runs.report import LOSS_METRIC, forward_cost, interval_text
 from atp_jax.stats import bootstrap_interval, expected_best_of
 
@@ -46,11 +46,8 @@ def _reference_losses(records: list[dict], reference: str) -> tuple[int, dict[st
 
 
 def _searching(attack: str) -> bool:
-    try:
-        config = preset(attack)
-    except ValueError:
-        return False  # a label from elsewhere (a transferred source): no configuration
-    return config.method != "best_of_k" and registry.method_of(config).searches
+    config = attack_config(attack)
+    return config is not None and config.method != "best_of_k" and registry.method_of(config).searches
 
 
 def sampled_budget_rows(
