@@ -24,7 +24,9 @@ def folder_records(losses: dict[str, dict[str, float]]) -> list[dict]:
         {"id": q, "attack": REFERENCE, "answer_loss": 3.0, "queries": 4, "trace": {"losses": ORDER_LOSSES}} for q in IDS
     ]
     for attack, by_id in losses.items():
-        out += [{"id": q, "attack": attack, "answer_loss": v, "queries": 2, "backward_calls": 0} for q, v in by_id.items()]
+        out += [
+            {"id": q, "attack": attack, "answer_loss": v, "queries": 2, "backward_calls": 0} for q, v in by_id.items()
+        ]
     return out
 
 
@@ -34,15 +36,21 @@ def everywhere(value: float) -> dict[str, float]:
 
 def test_split_is_a_seeded_partition():
     choice, confirm = split_questions(IDS + IDS[:3], seed=0)
-    assert len(choice) == len(confirm) == 4 and set(choice) | set(confirm) == set(IDS) and not set(choice) & set(confirm)
+    assert (
+        len(choice) == len(confirm) == 4 and set(choice) | set(confirm) == set(IDS) and not set(choice) & set(confirm)
+    )
     assert split_questions(IDS, seed=0) == (choice, confirm)
     assert any(split_questions(IDS, seed=s)[0] != choice for s in range(1, 6))
     assert len(split_questions(IDS[:7], seed=0)[0]) == 3
 
 
 def test_the_worst_victim_decides_and_the_other_half_confirms():
-    first = folder_records({"evolution": everywhere(3.5), "structured": everywhere(9.0), "frank_wolfe": everywhere(2.0)})
-    second = folder_records({"evolution": everywhere(3.5), "structured": everywhere(0.0), "frank_wolfe": everywhere(2.0)})
+    first = folder_records(
+        {"evolution": everywhere(3.5), "structured": everywhere(9.0), "frank_wolfe": everywhere(2.0)}
+    )
+    second = folder_records(
+        {"evolution": everywhere(3.5), "structured": everywhere(0.0), "frank_wolfe": everywhere(2.0)}
+    )
     choice = choose_strongest([first, second], REFERENCE, [1.5, 1.5])
     # structured has the larger mean over victims (+2.17 against +1.17) but loses on the second: evolution wins.
     assert choice.attack == "evolution"
