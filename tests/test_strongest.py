@@ -58,7 +58,7 @@ def test_the_worst_victim_decides_and_the_other_half_confirms():
     assert choice.choice_rows["structured"][1]["mean_difference"] == pytest.approx(0.0 - BEST_OF_2)
     assert [r["examples"] for r in choice.confirm_rows] == [4, 4]
     for row in choice.confirm_rows:
-        assert row["mean_difference"] == pytest.approx(3.5 - BEST_OF_2) and row["higher"] == "4/4"
+        assert row["mean_difference"] == pytest.approx(3.5 - BEST_OF_2) and row["higher"] == 4
     assert choice.meets_target
 
 
@@ -72,7 +72,7 @@ def test_the_choice_never_sees_the_confirmation_half():
     assert (choice.choice_ids, choice.confirm_ids) == (choice_ids, confirm_ids)
     assert choice.attack == "evolution" and not choice.meets_target
     assert choice.confirm_rows[0]["mean_difference"] == pytest.approx(1.0 - BEST_OF_2)
-    assert choice.confirm_rows[0]["higher"] == "0/4"
+    assert choice.confirm_rows[0]["higher"] == 0
 
 
 def test_higher_on_too_few_questions_misses_the_target():
@@ -80,7 +80,7 @@ def test_higher_on_too_few_questions_misses_the_target():
     # Far higher on one confirmation question, a little lower on the other three: 1/4 < 60%.
     mixed = {**everywhere(3.5), **dict.fromkeys(confirm_ids[1:], 2.0), confirm_ids[0]: 20.0}
     choice = choose_strongest([folder_records({"evolution": mixed})], REFERENCE, [1.5])
-    assert choice.attack == "evolution" and choice.confirm_rows[0]["higher"] == "1/4"
+    assert choice.attack == "evolution" and choice.confirm_rows[0]["higher"] == 1
     assert choice.confirm_rows[0]["mean_difference"] > 0 and not choice.meets_target
 
 

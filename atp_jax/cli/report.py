@@ -81,9 +81,9 @@ _COMPARE = flags.DEFINE_bool(
 _BACKWARD_COST = flags.DEFINE_list(
     "backward_cost",
     ["2.0"],
-    "With --compare: a backward pass's cost in forwards, for the best-of-k at equal compute each searching attack "
-    "is compared with (measure it: atp-benchmark's fwd_bwd / fwd - 1); one value for every --results folder, or "
-    "one per folder (victims differ).",
+    "With --sampled_reference (--compare, --choose_strongest): a backward pass's cost in forwards, for the "
+    "best-of-k at equal compute each searching attack is compared with (measure it: atp-benchmark's fwd_bwd / "
+    "fwd - 1); one value for every --results folder, or one per folder (victims differ).",
 )
 _SAMPLED_REFERENCE = flags.DEFINE_string(
     "sampled_reference",

@@ -96,7 +96,7 @@ def sampled_budget_rows(
                 "mean_difference": float(diffs.mean()),
                 "ci_low": low,
                 "ci_high": high,
-                "higher": f"{int((diffs > 0).sum())}/{len(diffs)}",
+                "higher": int((diffs > 0).sum()),
                 "over_budget": over,
             }
         )
@@ -112,7 +112,7 @@ def sampled_budget_markdown(rows: list[dict], reference: str) -> str:
     ]
     lines += [
         f"| {r['attack']} | {r['examples']} | {r['mean_budget']:.1f} | {r['mean_difference']:+.3f} "
-        f"{interval_text(r['ci_low'], r['ci_high'])} | {r['higher']} | {r['over_budget']} |"
+        f"{interval_text(r['ci_low'], r['ci_high'])} | {r['higher']}/{r['examples']} | {r['over_budget']} |"
         for r in rows
     ]
     return "\n".join(lines)

@@ -49,9 +49,9 @@ def _questions_with(records: list[dict], reference: str) -> set[str]:
     return {r["id"] for r in records if r.get("attack") == reference and "skipped" not in r}
 
 
-def _higher_share(row: dict) -> float:
-    higher, total = row["higher"].split("/")
-    return int(higher) / int(total)
+def _worst(rows: Sequence[dict]) -> float:
+    """The lowest mean difference over the folders' rows: the victim the attack does worst on."""
+    return min(row["mean_difference"] for row in rows)
 
 
 def choose_strongest(
@@ -96,7 +96,7 @@ def choose_strongest(
     winner = min(
         candidates,
         key=lambda a: (
-            -min(row["mean_difference"] for row in choice_rows[a]),
+            -_worst(choice_rows[a]),
             max(row["mean_budget"] for row in choice_rows[a]),
             a,
         ),
@@ -107,7 +107,7 @@ def choose_strongest(
         raise ValueError(f"{winner} is not recorded on the confirmation half in folder(s) {missing}")
     confirm_rows = [rows[winner] for rows in confirm]
     meets = all(
-        _higher_share(row) >= target_share and not math.isnan(row["ci_low"]) and row["ci_low"] > 0
+        row["higher"] / row["examples"] >= target_share and not math.isnan(row["ci_low"]) and row["ci_low"] > 0
         for row in confirm_rows
     )
     return StrongestChoice(winner, choice_ids, confirm_ids, choice_rows, confirm_rows, meets)
@@ -120,7 +120,8 @@ def strongest_markdown(choice: StrongestChoice, folders: Sequence[str], target_s
 
     def cells(rows):
         return " | ".join(
-            f"{r['mean_difference']:+.3f} {interval_text(r['ci_low'], r['ci_high'])}, {r['higher']}" for r in rows
+            f"{r['mean_difference']:+.3f} {interval_text(r['ci_low'], r['ci_high'])}, {r['higher']}/{r['examples']}"
+            for r in rows
         )
 
     lines = [
@@ -130,10 +131,10 @@ def strongest_markdown(choice: StrongestChoice, folders: Sequence[str], target_s
         f"| attack, choice half | {columns} | worst |",
         rule + "---|",
     ]
-    ranked = sorted(choice.choice_rows.items(), key=lambda item: -min(r["mean_difference"] for r in item[1]))
+    ranked = sorted(choice.choice_rows.items(), key=lambda item: -_worst(item[1]))
     for attack, rows in ranked:
         name = f"**{attack}**" if attack == choice.attack else attack
-        lines.append(f"| {name} | {cells(rows)} | {min(r['mean_difference'] for r in rows):+.3f} |")
+        lines.append(f"| {name} | {cells(rows)} | {_worst(rows):+.3f} |")
     lines += [
         "",
         f"| confirmation half | {columns} |",
