@@ -129,6 +129,6 @@ def option_rows(records: Iterable[dict], base: str, metric: str = LOSS_METRIC, s
         if attack in compared:
             c = compared[attack]
             row[f"minus_{base}"] = f"{c['mean_difference']:+.3f} {interval_text(c['ci_low'], c['ci_high'])}"
-            row["higher_on"] = c["higher"]
+            row["higher_on"] = f"{c['higher']}/{c['examples']}"
         rows.append(row)
     return rows

@@ -315,7 +315,7 @@ def paired_comparisons(
 ) -> list[dict]:
     """For each ``(attack, other)`` recorded on common examples: the mean per-example difference of
     ``metric`` (attack − other) with its 95% BCa bootstrap interval (NaN ends below three examples; see
-    :mod:`atp_jax.stats`), and on how many examples it is higher.
+    :mod:`atp_jax.stats`), and ``higher``: on how many of the ``examples`` it is higher (a count).
     The paired difference is the right test for a control: examples vary far more than attacks do.
 
     ``pairs`` defaults to ``presets.control_pairs`` of the recorded attacks — each gradient method against
@@ -345,7 +345,7 @@ def paired_comparisons(
                 "mean_difference": float(diff.mean()),
                 "ci_low": low,
                 "ci_high": high,
-                "higher": f"{int((diff > 0).sum())}/{len(common)}",
+                "higher": int((diff > 0).sum()),
             }
         )
     return rows
@@ -359,7 +359,7 @@ def comparison_markdown(rows: list[dict], metric: str = LOSS_METRIC) -> str:
     ]
     lines += [
         f"| {r['attack']} | {r['against']} | {r['examples']} | {r['mean_difference']:+.3f} "
-        f"{interval_text(r['ci_low'], r['ci_high'])} | {r['higher']} |"
+        f"{interval_text(r['ci_low'], r['ci_high'])} | {r['higher']}/{r['examples']} |"
         for r in rows
     ]
     return "\n".join(lines)
