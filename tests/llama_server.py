@@ -1,8 +1,10 @@
 """A real llama.cpp server for the black-box victim tests: llama-cpp-python's OpenAI-compatible server (the
 ``blackbox`` extra) on 127.0.0.1. The tests serve the zoo's SmolLM2 GGUF with its weights dequantized to float32
-(``atp_jax.models.gguf.write_dequantized``), so that the server multiplies the very weights the in-process JAX
-model holds; on the zoo's own Q4_1 file llama.cpp also quantizes the activations to 8 bits for its integer dot
-products, and the two CEs differ by up to tenths of a nat for that alone (docs/benchmarks/blackbox.md).
+(``atp_jax.models.gguf.write_dequantized``) and keep its K/V cache in float32, so that the server multiplies the
+very weights the in-process JAX model holds at its precision (with llama.cpp's default float16 cache the CEs
+differ by up to 0.003 nats, with float32 by 2e-5). On the zoo's own Q4_1 file llama.cpp also quantizes the
+activations to 8 bits for its integer dot products, and the two CEs differ by up to tenths of a nat for that
+alone (docs/benchmarks/blackbox.md).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ class LlamaServer:
             sys.executable, "-m", "llama_cpp.server", "--model", str(self.model), "--model_alias", SERVED_NAME,
             "--host", "127.0.0.1", "--port", str(self.port), "--n_ctx", "2048",
             "--n_threads", "2", "--n_threads_batch", "2",
+            "--type_k", "0", "--type_v", "0",  # a float32 K/V cache (GGML_TYPE_F32): llama.cpp's f16 default alone
         ]  # fmt: skip
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())

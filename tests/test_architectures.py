@@ -141,10 +141,14 @@ def test_transformers_reads_to_hf_as_meant(name):
     assert ModelConfig.from_hf(transformers.AutoConfig.for_model(**config.to_hf()).to_dict()) == config
 
 
-# Parsing a Qwen vocabulary takes seconds (see test_gguf), so those are slow.
-@pytest.mark.parametrize(
-    "name", [pytest.param(n, marks=[pytest.mark.slow] if n.startswith("qwen") else []) for n in zoo.list_models()]
-)
+def _zoo_marks(name: str) -> list:
+    """Parsing a Qwen vocabulary takes seconds (see test_gguf), so those are slow; the 1.5B is a 1.1 GB download."""
+    if "1.5b" in name:
+        return [pytest.mark.large]
+    return [pytest.mark.slow] if name.startswith("qwen") else []
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=_zoo_marks(n)) for n in zoo.list_models()])
 def test_to_hf_inverts_from_hf_for_every_zoo_model(name):
     try:
         path = zoo.resolve(name)

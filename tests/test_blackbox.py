@@ -25,8 +25,9 @@ from atp_jax.tables.prompt import PromptStyle
 from tests.conftest import REPO, closed_port, run_binary
 from tests.llama_server import SERVED_NAME, LlamaServer
 
-# |CE(server) - CE(JAX)| on the dequantized weights, measured at <= 0.003 nats on these questions (llama.cpp's
-# float32 kernels against XLA's: other summation orders, other exp and rope arithmetic).
+# |CE(server) - CE(JAX)| on the dequantized weights and a float32 K/V cache, measured at <= 2e-5 nats on these
+# questions (llama.cpp's float32 kernels against XLA's: other summation orders, other exp and rope arithmetic); the
+# margin covers other CPUs' kernels.
 CE_TOLERANCE = 0.01
 SELECTION = ["--num_examples", "3", "--max_rows", "6", "--max_cols", "5"]
 CLOSED = "vanilla,random,best_of_k@k=3,row_reverse,col_reverse,evolution@population=2,generations=1"

@@ -69,7 +69,7 @@ def test_qwen_answers_the_toy_table_question():
     assert "Alice" in reply, reply
 
 
-@pytest.mark.slow
+@pytest.mark.large
 def test_qwen_1_5b_gguf_matches_transformers_on_the_same_file():
     """The 1.5B victim against transformers reading the same GGUF: logits at every prompt position and
     greedy text. Each model holds about 7 GB of float32 weights, so ours is run, kept as figures and

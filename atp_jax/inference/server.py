@@ -228,7 +228,8 @@ class ServerVictim:
                 echo_ce, echo_error = None, str(e)
             else:
                 echo_error = None
-            echo_s = time.perf_counter() - start
+            # Rounded before the choice, so that the recorded seconds alone say why it was made.
+            echo_s, forced_s = round(time.perf_counter() - start, 3), round(forced_s, 3)
             agree = echo_ce is not None and abs(echo_ce - forced_ce) <= CALIBRATION_TOLERANCE
             self._remember(
                 key,
@@ -236,8 +237,8 @@ class ServerVictim:
                     "example": example.id,
                     "echo_ce": echo_ce,
                     "forced_ce": forced_ce,
-                    "echo_seconds": round(echo_s, 3),
-                    "forced_seconds": round(forced_s, 3),
+                    "echo_seconds": echo_s,
+                    "forced_seconds": forced_s,
                     "echo_error": echo_error,
                     "chosen": "echo" if agree and echo_s < forced_s else "forced",
                 },

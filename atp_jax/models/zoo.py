@@ -208,8 +208,9 @@ def _has_valid_record(target: Path, spec: ZooModel) -> bool:
 def _write_record(target: Path, spec: ZooModel) -> None:
     stat = target.stat()
     record = {"sha256": spec.sha256, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
-    # Write-then-rename so a reader never sees half a record.
-    tmp = _record_path(target).with_suffix(".tmp")
+    # Write-then-rename so a reader never sees half a record; the temporary name is the process's own, so two
+    # processes resolving the same model at once do not rename each other's file away.
+    tmp = _record_path(target).with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(record))
     os.replace(tmp, _record_path(target))
 
