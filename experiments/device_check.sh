@@ -2,7 +2,7 @@
 # What an accelerator changes, checked in one go (under 10 minutes on one H200): what compiling costs a sweep
 # there (the paper's table over sample questions, cold and on a warm persistent cache), the
 # tests whose numbers a GPU can move (the decoder against transformers, the attack's exactness), then the speed
-# of an 8B-shaped model in bfloat16: one ATP step of 8 restarts, and one whole attack of that size.
+# of a 1B-shaped model in bfloat16: one ATP step of 8 restarts, and one whole attack of that size.
 #
 #   experiments/device_check.sh [OUT_DIR]          # from the repository root; figures land in OUT_DIR
 #
@@ -27,7 +27,8 @@
 # Every step runs under what is left of DEADLINE_S (whole seconds for the script) and its own cap; a step cut
 # short keeps what it wrote. Environment: PYTHON (python3), DEADLINE_S (570), SWEEP_MODEL (config:smollm2-135m),
 # SWEEP_N (12 questions), SWEEP_BATCH (1), SWEEP_TIMEOUT (100 s cold; the warm and batched passes get
-# WARM_TIMEOUT, 45 s), TESTS (the pytest selection below), TEST_TIMEOUT (170 s), MODEL (config:llama-3.1-8b),
+# WARM_TIMEOUT, 45 s), TESTS (the pytest selection below), TEST_TIMEOUT (170 s), MODEL (config:llama-3.2-1b;
+# config:llama-3.1-8b takes ≈ 6 min to build its random weights on the host: a call of its own),
 # RESTARTS (8), ROWS x COLS of the benchmark's synthetic table (10 x 5), BENCH_TIMEOUT (230 s), TOKENIZER, WHEELS.
 # A dry run on a CPU: DEADLINE_S=1800 SWEEP_MODEL=config:tiny-llama SWEEP_N=2 SWEEP_BATCH=2 MODEL=config:tiny-llama RESTARTS=2 \
 #   TESTS=tests/test_generate.py experiments/device_check.sh /tmp/device_dry
@@ -43,7 +44,7 @@ SWEEP_TIMEOUT=${SWEEP_TIMEOUT:-100}
 WARM_TIMEOUT=${WARM_TIMEOUT:-45}
 TESTS=${TESTS:-tests/test_modeling.py tests/test_attack.py tests/test_generate.py tests/test_sharding.py}
 TEST_TIMEOUT=${TEST_TIMEOUT:-170}
-MODEL=${MODEL:-config:llama-3.1-8b}
+MODEL=${MODEL:-config:llama-3.2-1b}
 RESTARTS=${RESTARTS:-8}
 ROWS=${ROWS:-10}
 COLS=${COLS:-5}
@@ -114,7 +115,7 @@ step tests "$TEST_TIMEOUT" env JAX_DEFAULT_MATMUL_PRECISION=highest "$PYTHON" -m
     -p no:cacheprovider -m "not slow and not forced_devices" $TESTS 2>&1 | tee "$OUT_DIR/tests.log"
 
 # 3. One ATP step of RESTARTS restarts and one whole attack (atp_st, one step of RESTARTS restarts: set-up, the
-#    step, the true losses of the orders found) on the 8B-shaped random model, 5 timed runs after one warm-up.
+#    step, the true losses of the orders found) on the random-weight MODEL, 5 timed runs after one warm-up.
 step benchmark "$BENCH_TIMEOUT" "$PYTHON" experiments/benchmark.py \
     --model "$MODEL" --dtype bfloat16 \
     --variants atp_step,attack_example \
