@@ -99,6 +99,38 @@ def test_ladders_and_the_grid_pad_up_never_down():
     assert exact.fit(real) == real
 
 
+@pytest.mark.parametrize("steps", [1, 2, 4, 8])
+def test_length_steps_pad_each_length_to_the_smallest_rung_above_it(steps):
+    """``with_length_steps`` against the rungs enumerated by hand: 64 · 2^k · (1 + j / steps)."""
+    rungs = sorted({64 * 2**k * (steps + j) // steps for k in range(6) for j in range(steps)})
+    grid = DEFAULT_BUCKETS.with_length_steps(steps)
+    for length in range(1, rungs[-1] + 1):
+        smallest = next(r for r in rungs if r >= length)
+        assert grid.body.fit(length) == grid.prefix.fit(length) == grid.text_length(length) == smallest, length
+    real = Sizes(rows=5, cols=3, cell_tokens=3, runs=31, template=500, body=554, prefix=70, answer=2)
+    padded = grid.fit(real)
+    assert (padded.body, padded.template, padded.prefix) == (next(r for r in rungs if r >= 554),) * 2 + (
+        next(r for r in rungs if r >= 70),
+    )
+    # Only the lengths move: the cell sizes, the answer and the candidate batch stay the default grid's.
+    default = DEFAULT_BUCKETS.fit(real)
+    assert (padded.rows, padded.cols, padded.cell_tokens, padded.runs, padded.answer) == (
+        default.rows,
+        default.cols,
+        default.cell_tokens,
+        default.runs,
+        default.answer,
+    )
+    assert grid.candidate_batch == DEFAULT_BUCKETS.candidate_batch
+
+
+def test_two_length_steps_are_the_default_grid_and_others_must_divide_64():
+    assert DEFAULT_BUCKETS.with_length_steps(2) == DEFAULT_BUCKETS
+    assert DEFAULT_BUCKETS.with_length_steps(4).body.fit(554) == 640  # 768 on the default grid
+    with pytest.raises(ValueError, match="multiple of the steps"):
+        DEFAULT_BUCKETS.with_length_steps(3)
+
+
 def test_sinkhorn_holds_pads_at_the_identity_and_gives_them_no_gradient():
     n, k = 5, 8
     theta = jax.random.normal(jax.random.key(0), (k, k)) * 2.0
@@ -278,25 +310,28 @@ def test_exact_sizes_keep_todays_candidate_batches(sharp):
 
 
 def test_run_attack_records_the_same_results_with_or_without_buckets(tiny_checkpoint, tmp_path):
-    """--nobuckets is a compile-cost choice, not a configuration: the records match and a folder made with
-    buckets resumes without them."""
+    """--nobuckets and --bucket_steps are compile-cost choices, not configurations: the records match and a
+    folder made with buckets resumes without them; a --bucket_steps that makes no whole rungs is refused."""
     args = ["--model", tiny_checkpoint, "--num_examples", "2", "--nogenerate", "--nocompilation_cache"]
     args += ["--attacks", "vanilla,best_of_k@k=3,atp_st,search_warm", "--n_attack", "2", "--restarts", "2"]
     records = {}
-    for folder, flag in (("padded", "--buckets"), ("exact", "--nobuckets")):
+    for folder, flag in (("padded", "--buckets"), ("exact", "--nobuckets"), ("finer", "--bucket_steps=4")):
         done = run_binary("run_attack", [*args, flag, "--output_dir", tmp_path / folder])
         assert done.returncode == 0, done.stderr[-3000:]
         lines = (tmp_path / folder / "results.jsonl").read_text().splitlines()
         records[folder] = {(r["id"], r["attack"]): r for r in map(json.loads, lines)}
-    assert records["padded"].keys() == records["exact"].keys() and len(records["padded"]) == 8
-    for key, padded in records["padded"].items():
-        exact = records["exact"][key]
-        assert (padded["row_perm"], padded["col_perm"], padded["queries"]) == (
-            exact["row_perm"],
-            exact["col_perm"],
-            exact["queries"],
-        ), key
-        assert padded["answer_loss"] == pytest.approx(exact["answer_loss"], abs=1e-5), key
+    assert records["padded"].keys() == records["exact"].keys() == records["finer"].keys()
+    assert len(records["padded"]) == 8
+    for key, exact in records["exact"].items():
+        for padded in (records["padded"][key], records["finer"][key]):
+            assert (padded["row_perm"], padded["col_perm"], padded["queries"]) == (
+                exact["row_perm"],
+                exact["col_perm"],
+                exact["queries"],
+            ), key
+            assert padded["answer_loss"] == pytest.approx(exact["answer_loss"], abs=1e-5), key
     resumed = run_binary("run_attack", [*args, "--nobuckets", "--output_dir", tmp_path / "padded"])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "8 recorded, 0 to run" in resumed.stdout
+    refused = run_binary("run_attack", [*args, "--bucket_steps=3", "--output_dir", tmp_path / "padded"])
+    assert refused.returncode != 0 and "--bucket_steps must divide 64" in refused.stderr
