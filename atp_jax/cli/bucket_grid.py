@@ -8,13 +8,13 @@ every table up to ``--larger_rows``/``--larger_cols``): the percentiles of every
 prefix, answer, rows, columns, tokens per cell), the distinct exact shapes against the distinct buckets of
 the default grid, and the padding cost: body tokens and whole-sequence tokens (prefix + body) the decoder
 runs, padded over real. Then, for the first ``--sweep`` questions of the order-filtered selection (what a
-``run_attack.py --num_examples`` sweep meets), the buckets met with the body ladder at 1, 2 or 4 steps per
-octave. Reads the tokenizers only; no model runs.
+``run_attack.py --dataset D --num_examples`` sweep meets), the buckets met with the prompt's lengths at 1, 2 or 4
+rungs per octave (``--bucket_steps``). ``--datasets sample`` counts the bundled sample, what ``run_attack.py``
+attacks by default, and needs no data folder. Reads the tokenizers only; no model runs.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 
@@ -24,11 +24,11 @@ from absl import flags
 from atp_jax.cli.console import run_app
 from atp_jax.data.datasets import filter_examples, load_dataset
 from atp_jax.models import gguf, zoo
-from atp_jax.tables.buckets import DEFAULT_BUCKETS, Ladder, Sizes
+from atp_jax.tables.buckets import DEFAULT_BUCKETS, Sizes
 from atp_jax.tables.layout import build_layout
 
 flags.DEFINE_string("data_dir", None, "Folder with wtq/, tatqa/, fetaqa/ (default: $ATP_JAX_DATA).")
-flags.DEFINE_list("datasets", ["wtq", "tatqa", "fetaqa"], "Datasets (dev split).")
+flags.DEFINE_list("datasets", ["wtq", "tatqa", "fetaqa"], "Datasets (dev split); sample is the bundled one.")
 flags.DEFINE_list(
     "models", ["smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct"], "Zoo models whose tokenizers count."
 )
@@ -40,6 +40,7 @@ flags.DEFINE_integer("sweep", 24, "Questions of the order-filtered selection cou
 FLAGS = flags.FLAGS
 
 SIZES = ("body", "prefix", "answer", "rows", "cols", "cell_tokens")
+LENGTH_STEPS = (1, 2, 4)  # the sweep table's columns: rungs per octave of the prompt's lengths
 
 
 def _sizes(tokenizer, examples) -> list[Sizes]:
@@ -70,9 +71,9 @@ def _percentiles(sizes: list[Sizes]) -> list[str]:
 def main(argv):
     del argv
     data_dir = FLAGS.data_dir or os.environ.get("ATP_JAX_DATA")
-    if not data_dir:
+    if not data_dir and set(FLAGS.datasets) - {"sample"}:
         sys.exit("--data_dir: give the folder holding wtq/, tatqa/ and fetaqa/ (or set $ATP_JAX_DATA)")
-    body_ladders = {steps: Ladder(64, steps) for steps in (1, 2, 4)}
+    grids = {steps: DEFAULT_BUCKETS.with_length_steps(steps) for steps in LENGTH_STEPS}
     for model in FLAGS.models:
         tokenizer = gguf.load_gguf_tokenizer(zoo.resolve(model))
         print(f"\n## {model}\n")
@@ -100,8 +101,8 @@ def main(argv):
             sweep = filter_examples(examples, order_sensitive=False, max_rows=FLAGS.max_rows, max_cols=FLAGS.max_cols)
             sweep_sizes = _sizes(tokenizer, sweep[: FLAGS.sweep])
             cells = [f"{len(set(sweep_sizes))}"]
-            for ladder in body_ladders.values():
-                s = _summary(sweep_sizes, dataclasses.replace(DEFAULT_BUCKETS, body=ladder))
+            for grid in grids.values():
+                s = _summary(sweep_sizes, grid)
                 cells.append(f"{s['buckets']} ({s['sequence padded/real']:.2f})")
             sweep_rows.append(f"| {dataset} | {len(sweep_sizes)} | " + " | ".join(cells) + " |")
         print("### The default grid\n")
@@ -110,7 +111,8 @@ def main(argv):
         print("\n".join(summary_rows) + "\n")
         print(f"### One sweep: the first {FLAGS.sweep} order-free questions <= {FLAGS.max_rows}x{FLAGS.max_cols}\n")
         print(
-            "Buckets met (sequence tokens padded/real) with the body ladder at 1, 2 (default) or 4 steps per octave.\n"
+            "Buckets met (sequence tokens padded/real) with the prompt's lengths at 1, 2 (default) or 4 rungs per "
+            "octave (`--bucket_steps`).\n"
         )
         print("| dataset | questions | exact shapes | 1 step | 2 steps | 4 steps |\n|---|---|---|---|---|---|")
         print("\n".join(sweep_rows))
