@@ -22,7 +22,7 @@ import numpy as np
 from absl import flags
 
 from atp_jax.cli.console import run_app
-from atp_jax.data.datasets import filter_examples, load_dataset
+from atp_jax.data.datasets import SAMPLE, filter_examples, load_dataset
 from atp_jax.models import gguf, zoo
 from atp_jax.tables.buckets import DEFAULT_BUCKETS, Sizes
 from atp_jax.tables.layout import build_layout
@@ -71,7 +71,7 @@ def _percentiles(sizes: list[Sizes]) -> list[str]:
 def main(argv):
     del argv
     data_dir = FLAGS.data_dir or os.environ.get("ATP_JAX_DATA")
-    if not data_dir and set(FLAGS.datasets) - {"sample"}:
+    if not data_dir and set(FLAGS.datasets) - {SAMPLE}:
         sys.exit("--data_dir: give the folder holding wtq/, tatqa/ and fetaqa/ (or set $ATP_JAX_DATA)")
     grids = {steps: DEFAULT_BUCKETS.with_length_steps(steps) for steps in LENGTH_STEPS}
     for model in FLAGS.models:
@@ -110,11 +110,14 @@ def main(argv):
         print("|---|---|---|---|---|---|---|")
         print("\n".join(summary_rows) + "\n")
         print(f"### One sweep: the first {FLAGS.sweep} order-free questions <= {FLAGS.max_rows}x{FLAGS.max_cols}\n")
+        steps = [f"{n} step{'s' * (n > 1)}" for n in LENGTH_STEPS]
+        rungs = ", ".join(map(str, LENGTH_STEPS))
         print(
-            "Buckets met (sequence tokens padded/real) with the prompt's lengths at 1, 2 (default) or 4 rungs per "
-            "octave (`--bucket_steps`).\n"
+            f"Buckets met (sequence tokens padded/real) with the prompt's lengths at {rungs} rungs per octave "
+            "(`--bucket_steps`; 2 is the default).\n"
         )
-        print("| dataset | questions | exact shapes | 1 step | 2 steps | 4 steps |\n|---|---|---|---|---|---|")
+        print("| dataset | questions | exact shapes | " + " | ".join(steps) + " |")
+        print("|---" * (3 + len(steps)) + "|")
         print("\n".join(sweep_rows))
 
 
