@@ -105,7 +105,6 @@ def _settings(cfg: ATPConfig) -> dict:
         "temperature": f32(cfg.temperature),
         "straight_through": f32(cfg.straight_through),
         "direction": jnp.int32(_DIRECTIONS[cfg.direction]),
-        "soft_positions": f32(cfg.positions == "soft"),
     }
 
 
@@ -147,13 +146,24 @@ def _steer(grads, direction, key, sizes):
     return jax.tree.unflatten(treedef, steered)
 
 
-def _relax(theta, enabled, size, s: dict, sinkhorn_iters: int, hungarian: str):
-    """(soft D, hard perm) of one dimension, or the identity when the mode leaves it alone (``enabled`` 0).
-    Rows/columns from ``size`` on are padding: identity in D, fixed in perm."""
-    k = theta.shape[-1]
-    D = sinkhorn(theta / s["temperature"], SinkhornConfig(sinkhorn_iters), size)
-    perm = project(D, hungarian, size)
-    return jnp.where(enabled > 0, D, jnp.eye(k)), jnp.where(enabled > 0, perm, jnp.arange(k))
+def _relax(theta_row, theta_col, sizes, enabled, s: dict, sinkhorn_iters: int, hungarian: str):
+    """(soft D, hard perm) of both dimensions, each the identity where the mode leaves it alone.
+
+    ``theta_row [n, n]``, ``theta_col [m, m]``; ``sizes`` and ``enabled`` ``[2]`` (rows, columns): entries from
+    the size on are padding (identity in D, fixed in perm). The two relaxations run as one: both matrices are
+    padded to ``k = max(n, m)`` (identity, which Sinkhorn and the Hungarian hold in place) and stacked, so a
+    step makes one Sinkhorn loop and one host Hungarian call rather than two of each — half the program to
+    compile and half the device-to-host round trips.
+    Returns ``(D_r [n, n], D_c [m, m], row_perm [n], col_perm [m])``.
+    """
+    n, m = theta_row.shape[-1], theta_col.shape[-1]
+    k = max(n, m)
+    theta = jnp.stack([jnp.pad(x, [(0, k - x.shape[-1])] * 2) for x in (theta_row, theta_col)])
+    D = jax.vmap(lambda x, size: sinkhorn(x / s["temperature"], SinkhornConfig(sinkhorn_iters), size))(theta, sizes)
+    perm = project(D, hungarian, sizes)
+    D = jnp.where(enabled[:, None, None] > 0, D, jnp.eye(k))
+    perm = jnp.where(enabled[:, None] > 0, perm, jnp.arange(k))
+    return D[0, :n, :n], D[1, :m, :m], perm[0, :n], perm[1, :m]
 
 
 def run_atp(model: Transformer, t: ProblemTensors, keys, cfg: ATPConfig):
@@ -162,23 +172,25 @@ def run_atp(model: Transformer, t: ProblemTensors, keys, cfg: ATPConfig):
     Returns (trace, final_row_perms ``[R, N1-1]``, final_col_perms ``[R, M]``), orders padded to the bucket
     (the pads fixed: the real orders are the first n / m entries); trace fields are ``[R, n_attack, ...]``:
     objective, loss (CE/KL of the forward actually run), entropies, and the hard orders used at each step.
-    One compile per shape bucket, step count, Sinkhorn sweeps, objective and Hungarian backend; every other
-    setting is a value (see ``_settings``).
+    One compile per shape bucket, step count, Sinkhorn sweeps, objective, Hungarian backend and positions;
+    every other setting is a value (see ``_settings``).
     """
     return _run_atp(model, t, keys, _settings(cfg), **_static(cfg))
 
 
 def _static(cfg: ATPConfig) -> dict:
-    """The config fields that shape the computation (each value its own compile)."""
+    """The config fields that shape the computation (each value its own compile). ``positions`` is one of them
+    because soft positions add a large subprogram (and its gradient) that hard-position runs need not compile."""
     return {
         "n_attack": cfg.n_attack,
         "sinkhorn_iters": cfg.sinkhorn_iters,
         "objective": cfg.objective,
         "hungarian": cfg.hungarian,
+        "positions": cfg.positions,
     }
 
 
-@functools.partial(jax.jit, static_argnames=("n_attack", "sinkhorn_iters", "objective", "hungarian"))
+@functools.partial(jax.jit, static_argnames=("n_attack", "sinkhorn_iters", "objective", "hungarian", "positions"))
 def _run_atp(
     model: Transformer,
     t: ProblemTensors,
@@ -189,21 +201,31 @@ def _run_atp(
     sinkhorn_iters: int,
     objective: str,
     hungarian: str,
+    positions: str,
 ):
     n, m = t.cell_embeds.shape[0] - 1, t.cell_embeds.shape[1]  # padded sizes; the real ones are t.n_rows, t.n_cols
     sizes = {"row": t.n_rows, "col": t.n_cols}
     optimizer = optax.adam(s["lr"])
-    relax = functools.partial(_relax, s=s, sinkhorn_iters=sinkhorn_iters, hungarian=hungarian)
+
+    def relax(params):
+        return _relax(
+            params["row"],
+            params["col"],
+            jnp.stack([t.n_rows, t.n_cols]),
+            jnp.stack([s["rows_on"], s["cols_on"]]),
+            s,
+            sinkhorn_iters,
+            hungarian,
+        )
 
     def objective_fn(params, step):
-        D_r, row_perm = relax(params["row"], s["rows_on"], t.n_rows)
-        D_c, col_perm = relax(params["col"], s["cols_on"], t.n_cols)
+        D_r, D_c, row_perm, col_perm = relax(params)
         # Straight-through: the forward uses the hard orders, the gradient flows through the soft D.
         used_r = D_r + s["straight_through"] * jax.lax.stop_gradient(perm_to_matrix(row_perm) - D_r)
         used_c = D_c + s["straight_through"] * jax.lax.stop_gradient(perm_to_matrix(col_perm) - D_c)
         body = soft_body(t, pin_header(used_r), used_c, row_perm, col_perm)
-        positions = relaxed_positions(t, pin_header(used_r), used_c, row_perm, col_perm, s["soft_positions"])
-        loss = objective_value(t, answer_logits(model, t, body[None], positions[None]), objective)[0]
+        ids = relaxed_positions(t, pin_header(used_r), used_c, row_perm, col_perm, positions == "soft")
+        loss = objective_value(t, answer_logits(model, t, body[None], ids[None]), objective)[0]
         h_r, h_c = entropy(D_r), entropy(D_c)
         weight = jnp.where(s["anneal"] > 0, step / max(n_attack - 1, 1), 1.0)
         value = loss - weight * (s["lambda_row"] * h_r * s["rows_on"] + s["lambda_col"] * h_c * s["cols_on"])
@@ -223,8 +245,7 @@ def _run_atp(
             return (optax.apply_updates(params, updates), opt_state), {**aux, "objective": value}
 
         (params, _), trace = jax.lax.scan(step, (params, optimizer.init(params)), jnp.arange(n_attack))
-        _, final_r = relax(params["row"], s["rows_on"], t.n_rows)
-        _, final_c = relax(params["col"], s["cols_on"], t.n_cols)
+        _, _, final_r, final_c = relax(params)
         return trace, final_r, final_c
 
     return jax.vmap(one_restart)(keys)

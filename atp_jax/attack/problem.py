@@ -89,6 +89,9 @@ class AttackProblem:
     tensors: ProblemTensors
     buckets: BucketGrid | None = None
     sizes: Sizes | None = None  # the padded sizes (the layout's own without buckets)
+    # Re-rendered text losses already measured, by (row order, column order): every attack on this problem
+    # reports the original order's loss beside its own, which is then measured once per example, not per attack.
+    measured: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     @property
     def n_rows(self) -> int:
@@ -238,11 +241,14 @@ def soft_positions(t: ProblemTensors, D_r, D_c, row_perm, col_perm):
     return run_positions(t.layout, row_perm, col_perm, runs.astype(jnp.float32), body_length=t.body_length)
 
 
-def relaxed_positions(t: ProblemTensors, D_r, D_c, row_perm, col_perm, soft):
-    """Body position ids ``[S_body]`` of a relaxation: the hard order's ``0, 1, 2, ...`` where ``soft`` is 0,
-    ``soft_positions`` where it is 1 (a traced value, so both share one compile)."""
-    hard = jnp.arange(t.body_length, dtype=jnp.float32)
-    return jnp.where(soft > 0, soft_positions(t, D_r, D_c, row_perm, col_perm), hard)
+def relaxed_positions(t: ProblemTensors, D_r, D_c, row_perm, col_perm, soft: bool):
+    """Body position ids ``[S_body]`` (float32) of a relaxation: the hard order's ``0, 1, 2, ...``, or with
+    ``soft`` (a Python bool: each choice is its own program) ``soft_positions``. Static rather than a traced
+    switch because the soft branch and its gradient are a large share of an attack program's compile, which
+    every hard-position run would otherwise pay."""
+    if soft:
+        return soft_positions(t, D_r, D_c, row_perm, col_perm)
+    return jnp.arange(t.body_length, dtype=jnp.float32)
 
 
 def hard_body(t: ProblemTensors, row_perm, col_perm):

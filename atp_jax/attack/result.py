@@ -99,7 +99,6 @@ class Evaluator(Oracle):
         self.queries = 0
         self.backward_calls = 0
         self.start = time.perf_counter()
-        self._true_cache: dict[tuple, float] = {}
 
     def compute(self, fn, *args, **static):
         """``fn(model, tensors, *args, **static)``: every device computation an attack makes on its problem goes
@@ -142,10 +141,12 @@ class Evaluator(Oracle):
         return np.concatenate(out)
 
     def true_losses(self, row_perms, col_perms) -> np.ndarray:
-        """Objective of hard orders on re-rendered text (the reported number); cached per order, not counted
-        as search calls when it only re-measures an order the search already scored."""
+        """Objective of hard orders on re-rendered text (the reported number); cached per order on the problem
+        (so shared by the attacks of one example), not counted as search calls when it only re-measures an
+        order the search already scored."""
+        cache = self.problem.measured
         keys = [(tuple(map(int, r)), tuple(map(int, c))) for r, c in zip(row_perms, col_perms)]
-        todo = [k for k in dict.fromkeys(keys) if k not in self._true_cache]
+        todo = [k for k in dict.fromkeys(keys) if k not in cache]
         if todo:
             if self.problem.objective == "ce":
                 tables = [self.problem.example.table.permute(r, c) for r, c in todo]
@@ -155,5 +156,5 @@ class Evaluator(Oracle):
             else:
                 values = self.losses([r for r, _ in todo], [c for _, c in todo])
                 self.queries -= len(todo)  # a re-measurement, not a search query
-            self._true_cache.update(zip(todo, map(float, values)))
-        return np.array([self._true_cache[k] for k in keys])
+            cache.update(zip(todo, map(float, values)))
+        return np.array([cache[k] for k in keys])

@@ -96,7 +96,7 @@ def _relaxed_loss(model: Transformer, t: ProblemTensors, D_r, D_c, row_perm, col
     if positions == "slots":
         ids = fixed_slot_positions(t.layout, row_perm, col_perm, body_length=t.body_length).astype(jnp.float32)
     else:
-        ids = relaxed_positions(t, pin_header(D_r), D_c, row_perm, col_perm, float(positions == "soft"))
+        ids = relaxed_positions(t, pin_header(D_r), D_c, row_perm, col_perm, positions == "soft")
     return objective_value(t, answer_logits(model, t, body[None], ids[None]), objective)[0]
 
 

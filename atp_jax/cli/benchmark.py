@@ -102,21 +102,12 @@ def _step_memory(loaded, problem, restarts: int) -> dict:
     """Per-device memory of one ATP step with ``restarts`` restarts, from XLA's buffer assignment of the
     compiled program (per device on a mesh): its arguments (weight shards, the example's tensors), outputs and
     temporaries."""
-    from atp_jax.attack.atp import _run_atp, _settings
+    from atp_jax.attack.atp import _run_atp, _settings, _static
     from atp_jax.attack.presets import preset
 
     cfg = dataclasses.replace(preset("paper"), n_attack=1, restarts=restarts)
     keys = place_batch(jax.random.split(jax.random.key(0), restarts), loaded.mesh)
-    compiled = _run_atp.lower(
-        loaded.model,
-        problem.tensors,
-        keys,
-        _settings(cfg),
-        n_attack=1,
-        sinkhorn_iters=cfg.sinkhorn_iters,
-        objective=cfg.objective,
-        hungarian=cfg.hungarian,
-    ).compile()
+    compiled = _run_atp.lower(loaded.model, problem.tensors, keys, _settings(cfg), **_static(cfg)).compile()
     analysis = compiled.memory_analysis()
     out = {}
     if analysis is not None:
