@@ -42,7 +42,7 @@ def test_benchmark_runs_every_variant_and_reports_the_figures(tiny_checkpoint, t
         "--attack_preset",
         "atp_st",
         "--variants",
-        "fwd,fwd_bwd,torch_fwd_bwd,matmul_peak,atp_steps,attack_example",
+        "fwd,fwd_bwd,torch_fwd_bwd,matmul_peak,atp_steps,atp_compile,attack_example",
         "--json_out",
         str(out),
     ]
@@ -59,6 +59,7 @@ def test_benchmark_runs_every_variant_and_reports_the_figures(tiny_checkpoint, t
         "atp_1steps",
         "atp_r3_5steps",
         "atp_device_5steps",
+        "atp_compile",
         "attack_example",
         "generate",
     ):

@@ -1,5 +1,6 @@
 """Where the time goes: model load, forward and forward+backward to the input embeddings, the same in
-transformers' PyTorch model, matmul throughput, ATP steps and one whole attack.
+transformers' PyTorch model, matmul throughput, ATP steps, what ATP's program takes to compile and one whole
+attack.
 
 Variants run in one process, alternating round by round so machine drift hits all alike; each figure
 is the median of ``--repeats`` runs after a warm-up call, whose time (compile included) is reported
@@ -8,6 +9,7 @@ separately.
   atp-benchmark --model smollm2-135m-instruct --tokens 256
   atp-benchmark --model qwen2.5-coder-1.5b-instruct --repeats 3
   atp-benchmark --model config:llama-3.1-8b --dtype bfloat16 --variants fwd,fwd_bwd,matmul_peak
+  atp-benchmark --model smollm2-135m-instruct --variants atp_compile --attack_preset atp_joint
 """
 
 from __future__ import annotations
@@ -42,10 +44,16 @@ VARIANTS = (
     "matmul_peak",
     "atp_step",
     "atp_steps",
+    "atp_compile",
     "attack_example",
 )
 TORCH_VARIANTS = ("torch_fwd_bwd", "torch_compile_fwd_bwd")
-ATTACK_VARIANTS = ("atp_step", "atp_steps", "attack_example")  # these build a text prompt: they need a tokenizer
+ATTACK_VARIANTS = (
+    "atp_step",
+    "atp_steps",
+    "atp_compile",
+    "attack_example",
+)  # these build a text prompt: they need a tokenizer
 MATMUL_SIZES = (2048, 4096)
 
 model_flags.define_model_flags(atp_jax.DEFAULT_MODEL)
@@ -54,7 +62,9 @@ _TOKENS = flags.DEFINE_integer("tokens", 256, "Prompt length.")
 _ANSWER_TOKENS = flags.DEFINE_integer("answer_tokens", 8, "Positions that get logits / loss.")
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed runs per variant (median reported).")
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Also write the figures as JSON here.")
-_ATTACK = flags.DEFINE_bool("attack", True, "Run the attack variants (atp_steps, attack_example) when selected.")
+_ATTACK = flags.DEFINE_bool(
+    "attack", True, "Run the attack variants (atp_step, atp_steps, atp_compile, attack_example) when selected."
+)
 _ROWS = flags.DEFINE_integer("rows", 10, "Data rows of the synthetic attack table.")
 _COLS = flags.DEFINE_integer("cols", 5, "Columns of the synthetic attack table.")
 _RESTARTS = flags.DEFINE_integer(
@@ -316,6 +326,29 @@ def _attack_step_variants(loaded, problem):
     return variants, ids, targets
 
 
+def _compile_variant(loaded, example) -> dict:
+    """``atp_compile``: tracing, lowering and compiling the ``--attack_preset`` ATP program for the example's
+    shape bucket, anew each time (the program's in-memory caches cleared; ``atp-benchmark`` does not turn the
+    persistent cache on, and JAX does not keep a program with a host callback there on a CPU) — what a sweep pays
+    once per bucket."""
+    from atp_jax.attack.atp import ATPConfig, _run_atp, _settings, _static
+    from atp_jax.attack.problem import make_problem
+
+    config = atp_jax.preset(_ATTACK_PRESET.value)
+    if not isinstance(config, ATPConfig):
+        raise app.UsageError(
+            f"--attack_preset {_ATTACK_PRESET.value}: atp_compile needs an ATP preset (atp_joint, paper…)"
+        )
+    problem = make_problem(loaded, example)  # the default bucket grid, as a sweep uses
+    keys = place_batch(jax.random.split(jax.random.key(config.seed), config.restarts), loaded.mesh)
+
+    def compile_once():
+        _run_atp.clear_cache()  # this program's only: the other variants keep theirs
+        _run_atp.lower(loaded.model, problem.tensors, keys, _settings(config), **_static(config)).compile()
+
+    return {"atp_compile": compile_once}
+
+
 def _attack_example_variants(loaded, example, ids):
     """One whole ``atp_jax.attack`` (``--attack_preset``, by default ``paper``: prompt set-up, 20 steps,
     result) and greedy generation of ``--new_tokens`` after the ``--tokens`` random-id prompt (prefill
@@ -446,6 +479,8 @@ def main(argv):
                     loaded, prompt_ids, answer_ids, torch_selected, torch_model, job="prompt_fwd_bwd"
                 )
                 variants.update(more)
+        if "atp_compile" in selected:
+            variants.update(_compile_variant(loaded, example))
         if "attack_example" in selected:
             variants.update(_attack_example_variants(loaded, example, ids))
 
