@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from atp_jax.models import gguf, zoo
@@ -126,6 +127,23 @@ LARGE = Example(
     ["26 medals in total"],
     "large",
 )
+
+
+@pytest.fixture
+def host_assign_calls(monkeypatch) -> list[tuple[int, ...]]:
+    """The shapes of the batches the host Hungarian receives, one entry per host call, while the test runs (a
+    program traced before the test keeps the uncounted function: trace anew)."""
+    from atp_jax.attack import hungarian
+
+    calls = []
+    real = hungarian._host_assign
+
+    def counting(D, size):
+        calls.append(np.shape(D))
+        return real(D, size)
+
+    monkeypatch.setattr(hungarian, "_host_assign", counting)
+    return calls
 
 
 @pytest.fixture(scope="session")

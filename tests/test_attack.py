@@ -266,25 +266,15 @@ def test_a_preset_name_carries_field_overrides():
             attack_names([bad])
 
 
-def test_a_step_projects_both_dimensions_in_one_host_call(tiny, monkeypatch):
+def test_a_step_projects_both_dimensions_in_one_host_call(tiny, host_assign_calls):
     """Rows and columns share one Sinkhorn loop and one host Hungarian call per step (and one for the final
     orders), for all restarts at once: a round trip to the host is what a step waits for on an accelerator."""
-    from atp_jax.attack import hungarian
-
-    calls = []
-    real = hungarian._host_assign
-
-    def counting(D, size):
-        calls.append(np.shape(D))
-        return real(D, size)
-
-    monkeypatch.setattr(hungarian, "_host_assign", counting)
     problem = make_problem(tiny, EXAMPLE, buckets=None)  # a shape no other test traces: this run traces anew
     config = preset("atp_joint", n_attack=3, restarts=2)
     jax.clear_caches()
     result = attack(tiny, EXAMPLE, config, problem=problem)
-    assert len(calls) == config.n_attack + 1
-    assert all(shape[:2] == (config.restarts, 2) for shape in calls)  # [R, rows and columns, k, k]
+    assert len(host_assign_calls) == config.n_attack + 1
+    assert all(shape[:2] == (config.restarts, 2) for shape in host_assign_calls)  # [R, rows and columns, k, k]
     # The columns' order (3 of them, padded to the rows' 4) is still a permutation of its own entries.
     assert sorted(result.col_perm) == [0, 1, 2] and sorted(result.row_perm) == [0, 1, 2, 3]
 
