@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_binary
 
 pytest.importorskip("torch")  # the torch variants are part of what is checked
 
@@ -79,3 +80,11 @@ def test_benchmark_runs_every_variant_and_reports_the_figures(tiny_checkpoint, t
         assert math.isfinite(figures[key]), key
     assert figures["attack_table"] == "3x2" and figures["attack_prompt_tokens"] > 32
     assert figures["attack_preset"] == "atp_st"
+
+
+def test_atp_compile_asked_for_with_a_preset_that_is_not_atp_is_refused_before_the_model_loads():
+    done = run_binary(
+        "benchmark", ["--model", "no-such-model", "--variants", "atp_compile", "--attack_preset", "vanilla"]
+    )
+    assert done.returncode != 0
+    assert "--attack_preset vanilla: the atp_compile variant times an ATP program" in done.stdout + done.stderr
