@@ -178,6 +178,14 @@ def run_atp(model: Transformer, t: ProblemTensors, keys, cfg: ATPConfig):
     return _run_atp(model, t, keys, _settings(cfg), **_static(cfg))
 
 
+def lower_atp(model: Transformer, t: ProblemTensors, keys, cfg: ATPConfig, fresh: bool = False):
+    """``run_atp``'s program for these shapes, lowered (``.compile()`` it; its ``memory_analysis()`` sizes a step).
+    ``fresh`` drops the programs already traced, so that lowering and compiling are done anew (for timing)."""
+    if fresh:
+        _run_atp.clear_cache()
+    return _run_atp.lower(model, t, keys, _settings(cfg), **_static(cfg))
+
+
 def _static(cfg: ATPConfig) -> dict:
     """The config fields that shape the computation (each value its own compile). ``positions`` is one of them
     because soft positions add a large subprogram (and its gradient) that hard-position runs need not compile."""
@@ -206,17 +214,10 @@ def _run_atp(
     n, m = t.cell_embeds.shape[0] - 1, t.cell_embeds.shape[1]  # padded sizes; the real ones are t.n_rows, t.n_cols
     sizes = {"row": t.n_rows, "col": t.n_cols}
     optimizer = optax.adam(s["lr"])
+    relaxed_sizes, relaxed_on = jnp.stack([t.n_rows, t.n_cols]), jnp.stack([s["rows_on"], s["cols_on"]])
 
     def relax(params):
-        return _relax(
-            params["row"],
-            params["col"],
-            jnp.stack([t.n_rows, t.n_cols]),
-            jnp.stack([s["rows_on"], s["cols_on"]]),
-            s,
-            sinkhorn_iters,
-            hungarian,
-        )
+        return _relax(params["row"], params["col"], relaxed_sizes, relaxed_on, s, sinkhorn_iters, hungarian)
 
     def objective_fn(params, step):
         D_r, D_c, row_perm, col_perm = relax(params)

@@ -108,12 +108,12 @@ def _step_memory(loaded, problem, restarts: int) -> dict:
     """Per-device memory of one ATP step with ``restarts`` restarts, from XLA's buffer assignment of the
     compiled program (per device on a mesh): its arguments (weight shards, the example's tensors), outputs and
     temporaries."""
-    from atp_jax.attack.atp import _run_atp, _settings, _static
+    from atp_jax.attack.atp import lower_atp
     from atp_jax.attack.presets import preset
 
     cfg = dataclasses.replace(preset("paper"), n_attack=1, restarts=restarts)
     keys = place_batch(jax.random.split(jax.random.key(0), restarts), loaded.mesh)
-    compiled = _run_atp.lower(loaded.model, problem.tensors, keys, _settings(cfg), **_static(cfg)).compile()
+    compiled = lower_atp(loaded.model, problem.tensors, keys, cfg).compile()
     analysis = compiled.memory_analysis()
     out = {}
     if analysis is not None:
@@ -327,16 +327,15 @@ def _compile_variant(loaded, example) -> dict:
     shape bucket, anew each time (the program's in-memory caches cleared; ``atp-benchmark`` does not turn the
     persistent cache on, and JAX does not keep a program with a host callback there on a CPU) — what a sweep pays
     once per bucket."""
-    from atp_jax.attack.atp import _run_atp, _settings, _static
+    from atp_jax.attack.atp import lower_atp
     from atp_jax.attack.problem import make_problem
 
     config = atp_jax.preset(_ATTACK_PRESET.value)  # an ATP preset: checked in main, before the model loads
     problem = make_problem(loaded, example)  # the default bucket grid, as a sweep uses
     keys = place_batch(jax.random.split(jax.random.key(config.seed), config.restarts), loaded.mesh)
 
-    def compile_once():
-        _run_atp.clear_cache()  # this program's only: the other variants keep theirs
-        _run_atp.lower(loaded.model, problem.tensors, keys, _settings(config), **_static(config)).compile()
+    def compile_once():  # drops this program's caches only: the other variants keep theirs
+        lower_atp(loaded.model, problem.tensors, keys, config, fresh=True).compile()
 
     return {"atp_compile": compile_once}
 
@@ -416,12 +415,12 @@ def main(argv):
     if _RESTARTS.value < 2 and "atp_steps" in selected:
         raise app.UsageError(f"--restarts {_RESTARTS.value}: atp_steps' multi-restart variant needs R >= 2")
     try:
-        atp_jax.preset(_ATTACK_PRESET.value)  # an unknown name stops here, before the model loads
+        attack_config = atp_jax.preset(_ATTACK_PRESET.value)  # an unknown name stops here, before the model loads
     except ValueError as e:
         raise app.UsageError(f"--attack_preset: {e}") from e
     from atp_jax.attack.atp import ATPConfig
 
-    if "atp_compile" in selected and not isinstance(atp_jax.preset(_ATTACK_PRESET.value), ATPConfig):
+    if "atp_compile" in selected and not isinstance(attack_config, ATPConfig):
         if flags.FLAGS["variants"].present:
             raise app.UsageError(
                 f"--attack_preset {_ATTACK_PRESET.value}: the atp_compile variant times an ATP program; "
