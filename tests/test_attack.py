@@ -178,7 +178,9 @@ def test_presets_that_differ_only_in_values_share_one_compile(tiny, problem):
 
     names = ["atp_joint", "atp_row", "atp_col", "atp_st_reversed", "atp_st_random"]
     results = {}
-    attack(tiny, EXAMPLE, preset(names[0]), problem=problem)  # compiles (or finds) the shared program
+    # The gradient's presets share one program, the two controls another (their steering is not in the first).
+    for first in ("atp_joint", "atp_st_reversed"):
+        attack(tiny, EXAMPLE, preset(first), problem=problem)  # compiles (or finds) the shared programs
     before = _run_atp._cache_size()
     for name in names:
         results[name] = attack(tiny, EXAMPLE, preset(name, seed=7), problem=problem)
@@ -187,6 +189,42 @@ def test_presets_that_differ_only_in_values_share_one_compile(tiny, problem):
     assert results["atp_row"].col_perm == tuple(range(EXAMPLE.table.n_cols))
     assert results["atp_col"].row_perm == tuple(range(EXAMPLE.table.n_rows))
     assert results["atp_st_reversed"].trace["objective"] != results["atp_joint"].trace["objective"]
+
+
+def test_the_controls_steering_is_a_program_of_its_own(tiny, problem):
+    from atp_jax.attack.atp import _run_atp
+
+    def programs_after(name):
+        attack(tiny, EXAMPLE, preset(name, n_attack=5, sinkhorn_iters=7, restarts=2), problem=problem)  # this test only
+        return _run_atp._cache_size()
+
+    gradient = programs_after("atp_joint")
+    assert programs_after("atp_st_reversed") == gradient + 1  # the steering compiled for the controls alone
+    assert programs_after("atp_st_random") == gradient + 1
+    assert programs_after("paper") == gradient + 1
+
+
+@pytest.mark.parametrize("init", ["uniform", "identity", "random_perm"])
+def test_both_thetas_drawn_at_once_equal_each_drawn_alone(init):
+    from atp_jax.attack.atp import _init_theta, _init_thetas, _settings, _steer
+
+    s = _settings(ATPConfig(init=init, init_noise=0.5))
+    key = jax.random.key(3)
+    n, m, n_rows, n_cols = 9, 5, 7, 4  # padded sizes, real sizes
+    both = _init_thetas(key, n, m, jnp.asarray([n_rows, n_cols]), s)
+    row_key, col_key = jax.random.split(key)
+    np.testing.assert_array_equal(both["row"], _init_theta(row_key, n, n_rows, s))
+    np.testing.assert_array_equal(both["col"], _init_theta(col_key, m, n_cols, s))
+
+    # The random control: each matrix's direction is the one drawn alone over its real block, at the gradient's norm.
+    grads = {"row": jnp.ones((n, n)), "col": 2 * jnp.ones((m, m))}
+    steered = _steer(grads, jnp.int32(2), key, {"row": n_rows, "col": n_cols})
+    col_draw_key, row_draw_key = jax.random.split(key)  # keys follow the tree's order: col, row
+    for name, draw_key, size, real in (("row", row_draw_key, n, n_rows), ("col", col_draw_key, m, n_cols)):
+        z = np.asarray(jax.random.normal(draw_key, (size * size,)))[: real * real].reshape(real, real)
+        expected = z * np.linalg.norm(grads[name]) / np.linalg.norm(z)
+        np.testing.assert_allclose(np.asarray(steered[name])[:real, :real], expected, rtol=1e-5)
+        assert not np.asarray(steered[name])[real:].any() and not np.asarray(steered[name])[:, real:].any()
 
 
 @pytest.mark.parametrize("name", ["atp_st", "paper"])

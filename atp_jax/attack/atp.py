@@ -90,7 +90,7 @@ class ATPConfig(AttackConfig):
 
 def _settings(cfg: ATPConfig) -> dict:
     """The config fields that enter the computation as *values*, not as its structure: presets that differ
-    only in these (mode, λ, lr, init, straight-through, direction, temperature) share one compile."""
+    only in these (mode, λ, lr, init, straight-through, which control, temperature) share one compile."""
     f32 = functools.partial(jnp.asarray, dtype=jnp.float32)
     return {
         "rows_on": f32(cfg.mode in ("row", "joint")),
@@ -133,17 +133,31 @@ def _init_theta(key, k: int, size, s: dict):
     return jnp.where(s["init"] == _INITS["uniform"], noise, near_order)
 
 
+def _init_thetas(key, n: int, m: int, sizes, s: dict):
+    """θ_row ``[n, n]`` and θ_col ``[m, m]``, drawn as one batch at the larger size and cut to each: a draw's real
+    block does not depend on its padded size (``_padded_normal``, ``_padded_permutation``), so each θ is the one
+    drawn alone at its own size, and the program holds one set of random-number kernels instead of two."""
+    k = max(n, m)
+    thetas = jax.vmap(lambda key, size: _init_theta(key, k, size, s))(jax.random.split(key), sizes)
+    return {"row": thetas[0, :n, :n], "col": thetas[1, :m, :m]}
+
+
 def _steer(grads, direction, key, sizes):
-    """The gradient itself (0), or a control: reversed (1), or a random direction of the same norm per matrix (2),
-    drawn over each matrix's real block (``sizes``, the same tree as ``grads``)."""
-    leaves, treedef = jax.tree.flatten(grads)
-    keys = jax.random.split(key, len(leaves))
-    steered = []
-    for k, g, size in zip(keys, leaves, jax.tree.leaves(sizes)):
-        z = _padded_normal(k, g.shape[-1], size)
-        random = z * jnp.linalg.norm(g) / (jnp.linalg.norm(z) + 1e-12)
-        steered.append(jnp.select([direction == 1, direction == 2], [-g, random], g))
-    return jax.tree.unflatten(treedef, steered)
+    """A control for the gradient ``{"row": [n, n], "col": [m, m]}``: reversed (``direction`` 1), or a random
+    direction of the same norm per matrix (2), drawn over each matrix's real block (``sizes``, the same tree as
+    ``grads``); the gradient itself (0). The random draws are one batch at the larger size, cut to each."""
+    names = sorted(grads)  # the order jax.tree.flatten gives, which the keys follow
+    k = max(grads[name].shape[-1] for name in names)
+    z = jax.vmap(lambda key, size: _padded_normal(key, k, size))(
+        jax.random.split(key, len(names)), jnp.stack([sizes[name] for name in names])
+    )
+    steered = {}
+    for z_i, name in zip(z, names):
+        g = grads[name]
+        z_i = z_i[: g.shape[-1], : g.shape[-1]]
+        random = z_i * jnp.linalg.norm(g) / (jnp.linalg.norm(z_i) + 1e-12)
+        steered[name] = jnp.select([direction == 1, direction == 2], [-g, random], g)
+    return steered
 
 
 def _relax(theta_row, theta_col, sizes, enabled, s: dict, sinkhorn_iters: int, hungarian: str):
@@ -172,8 +186,8 @@ def run_atp(model: Transformer, t: ProblemTensors, keys, cfg: ATPConfig):
     Returns (trace, final_row_perms ``[R, N1-1]``, final_col_perms ``[R, M]``), orders padded to the bucket
     (the pads fixed: the real orders are the first n / m entries); trace fields are ``[R, n_attack, ...]``:
     objective, loss (CE/KL of the forward actually run), entropies, and the hard orders used at each step.
-    One compile per shape bucket, step count, Sinkhorn sweeps, objective, Hungarian backend and positions;
-    every other setting is a value (see ``_settings``).
+    One compile per shape bucket, step count, Sinkhorn sweeps, objective, Hungarian backend, positions and
+    whether the direction is a control; every other setting is a value (see ``_settings``).
     """
     return _run_atp(model, t, keys, _settings(cfg), **_static(cfg))
 
@@ -188,17 +202,23 @@ def lower_atp(model: Transformer, t: ProblemTensors, keys, cfg: ATPConfig, fresh
 
 def _static(cfg: ATPConfig) -> dict:
     """The config fields that shape the computation (each value its own compile). ``positions`` is one of them
-    because soft positions add a large subprogram (and its gradient) that hard-position runs need not compile."""
+    because soft positions add a large subprogram (and its gradient) that hard-position runs need not compile;
+    ``steer`` because the controls' steering (random draws every step) is a subprogram the attack itself need
+    not compile — the reversed and random controls share one program, the gradient's presets another."""
     return {
         "n_attack": cfg.n_attack,
         "sinkhorn_iters": cfg.sinkhorn_iters,
         "objective": cfg.objective,
         "hungarian": cfg.hungarian,
         "positions": cfg.positions,
+        "steer": cfg.direction != "gradient",
     }
 
 
-@functools.partial(jax.jit, static_argnames=("n_attack", "sinkhorn_iters", "objective", "hungarian", "positions"))
+_STATIC_FIELDS = ("n_attack", "sinkhorn_iters", "objective", "hungarian", "positions", "steer")
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC_FIELDS)
 def _run_atp(
     model: Transformer,
     t: ProblemTensors,
@@ -210,6 +230,7 @@ def _run_atp(
     objective: str,
     hungarian: str,
     positions: str,
+    steer: bool,
 ):
     n, m = t.cell_embeds.shape[0] - 1, t.cell_embeds.shape[1]  # padded sizes; the real ones are t.n_rows, t.n_cols
     sizes = {"row": t.n_rows, "col": t.n_cols}
@@ -234,13 +255,13 @@ def _run_atp(
         return value, aux
 
     def one_restart(key):
-        row_key, col_key = jax.random.split(key)
-        params = {"row": _init_theta(row_key, n, t.n_rows, s), "col": _init_theta(col_key, m, t.n_cols, s)}
+        params = _init_thetas(key, n, m, relaxed_sizes, s)
 
         def step(carry, i):
             params, opt_state = carry
             (value, aux), grads = jax.value_and_grad(objective_fn, has_aux=True)(params, i)
-            grads = _steer(grads, s["direction"], jax.random.fold_in(key, i), sizes)
+            if steer:
+                grads = _steer(grads, s["direction"], jax.random.fold_in(key, i), sizes)
             ascent = jax.tree.map(jnp.negative, grads)  # optax minimises; we maximise the objective
             updates, opt_state = optimizer.update(ascent, opt_state, params)
             return (optax.apply_updates(params, updates), opt_state), {**aux, "objective": value}
