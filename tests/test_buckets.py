@@ -302,6 +302,17 @@ def test_a_second_example_of_the_same_bucket_compiles_no_new_program(sharp, no_p
     assert (compile_totals() - before).programs == 0
 
 
+def test_a_new_cell_bucket_with_a_known_prefix_bucket_reuses_the_prefix_program(sharp, no_persistent_cache):
+    from atp_jax.attack.problem import _prefix_cache
+
+    small = make_problem(sharp, SMALL)
+    prefix_programs = _prefix_cache._cache_size()
+    large = make_problem(sharp, LARGE)
+    assert small.sizes.prefix == large.sizes.prefix and small.sizes != large.sizes
+    assert _prefix_cache._cache_size() == prefix_programs  # a new bucket, but its prefix's program is known
+    # (That the split changes no value: test_padded_hard_losses_equal_answer_losses_on_the_rerendered_text.)
+
+
 def test_exact_sizes_keep_todays_candidate_batches(sharp):
     problem = make_problem(sharp, SMALL, buckets=None)
     assert problem.candidate_batches == (1, 2, 4, 8) and problem.sizes == problem.layout.sizes

@@ -170,9 +170,8 @@ def make_problem(
     sizes = layout.sizes if buckets is None else buckets.fit(layout.sizes)
     tokens = layout.token_arrays(sizes)
     model = loaded.model
-    cell_embeds, template_embeds, prefix_k, prefix_v = _embed_problem(
-        model, tokens["prefix_ids"], tokens["cell_ids"], tokens["cell_mask"], tokens["template_ids"]
-    )
+    cell_embeds, template_embeds = _embed_cells(model, tokens["cell_ids"], tokens["cell_mask"], tokens["template_ids"])
+    prefix_k, prefix_v = _prefix_cache(model, tokens["prefix_ids"])
     tensors = ProblemTensors(
         layout=layout.arrays(sizes=sizes),
         cell_embeds=cell_embeds,
@@ -193,11 +192,18 @@ def make_problem(
     return AttackProblem(example, layout, style, objective, tensors, buckets, sizes)
 
 
+# Two programs rather than one: the prefix's forward depends on the prefix's bucket alone, which a sweep's
+# questions mostly share, so it compiles once per sweep; only the cheap embedding lookups compile per bucket.
 @jax.jit
-def _embed_problem(model: Transformer, prefix_ids, cell_ids, cell_mask, template_ids):
-    """Cell embeddings ``[N1, M, L, D]`` (zeros at padding), template embeddings ``[Tt, D]`` and the prefix's
-    keys/values ``[Lyr, 1, P, H_kv, Dh]``: one program per bucket."""
+def _embed_cells(model: Transformer, cell_ids, cell_mask, template_ids):
+    """Cell embeddings ``[N1, M, L, D]`` (zeros at padding) and template embeddings ``[Tt, D]``."""
     cell_embeds = model.embed(cell_ids) * cell_mask[..., None].astype(model.dtype)
+    return cell_embeds, model.embed(template_ids)
+
+
+@jax.jit
+def _prefix_cache(model: Transformer, prefix_ids):
+    """The prefix's keys/values ``[Lyr, 1, P, H_kv, Dh]`` for prefix ids ``[P]`` (padded to its bucket)."""
     P = prefix_ids.shape[0]
     cache = KVCache.zeros(model.config, 1, P, model.dtype)
     # Causal: real prefix tokens never attend to the pad tokens after them.
@@ -209,7 +215,7 @@ def _embed_problem(model: Transformer, prefix_ids, cell_ids, cell_mask, template
         cache=cache,
         logits_positions=jnp.zeros((1, 1), jnp.int32),
     )
-    return cell_embeds, model.embed(template_ids), out.cache.k, out.cache.v
+    return out.cache.k, out.cache.v
 
 
 @jax.jit
