@@ -94,7 +94,7 @@ def test_ladders_and_the_grid_pad_up_never_down():
         BucketGrid(candidate_batch=0)
     real = Sizes(rows=5, cols=3, cell_tokens=3, runs=31, template=48, body=71, prefix=60, answer=2)
     padded = DEFAULT_BUCKETS.fit(real)
-    assert padded == Sizes(rows=16, cols=8, cell_tokens=16, runs=257, template=96, body=96, prefix=64, answer=16)
+    assert padded == Sizes(rows=16, cols=8, cell_tokens=32, runs=257, template=96, body=96, prefix=64, answer=16)
     exact = BucketGrid(None, None, None, None, None, None, None)
     assert exact.fit(real) == real
 

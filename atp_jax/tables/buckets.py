@@ -85,7 +85,7 @@ class BucketGrid:
     answer: Ladder | None = Ladder(16)
     rows: Ladder | None = Ladder(16)
     cols: Ladder | None = Ladder(8)
-    cell_tokens: Ladder | None = Ladder(16)
+    cell_tokens: Ladder | None = Ladder(32)
     text: Ladder | None = Ladder(64, 2)
     candidate_batch: int = 8
 
