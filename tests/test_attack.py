@@ -206,7 +206,7 @@ def test_the_controls_steering_is_a_program_of_its_own(tiny, problem):
 
 @pytest.mark.parametrize("init", ["uniform", "identity", "random_perm"])
 def test_both_thetas_drawn_at_once_equal_each_drawn_alone(init):
-    from atp_jax.attack.atp import _init_theta, _init_thetas, _settings, _steer
+    from atp_jax.attack.atp import _init_theta, _init_thetas, _settings
 
     s = _settings(ATPConfig(init=init, init_noise=0.5))
     key = jax.random.key(3)
@@ -216,7 +216,13 @@ def test_both_thetas_drawn_at_once_equal_each_drawn_alone(init):
     np.testing.assert_array_equal(both["row"], _init_theta(row_key, n, n_rows, s))
     np.testing.assert_array_equal(both["col"], _init_theta(col_key, m, n_cols, s))
 
-    # The random control: each matrix's direction is the one drawn alone over its real block, at the gradient's norm.
+
+def test_the_random_controls_directions_drawn_at_once_equal_each_drawn_alone():
+    from atp_jax.attack.atp import _steer
+
+    key = jax.random.key(3)
+    n, m, n_rows, n_cols = 9, 5, 7, 4  # padded sizes, real sizes
+    # Each matrix's direction is the one drawn alone over its real block, at the gradient's norm.
     grads = {"row": jnp.ones((n, n)), "col": 2 * jnp.ones((m, m))}
     steered = _steer(grads, jnp.int32(2), key, {"row": n_rows, "col": n_cols})
     col_draw_key, row_draw_key = jax.random.split(key)  # keys follow the tree's order: col, row

@@ -215,7 +215,7 @@ def _static(cfg: ATPConfig) -> dict:
     }
 
 
-_STATIC_FIELDS = ("n_attack", "sinkhorn_iters", "objective", "hungarian", "positions", "steer")
+_STATIC_FIELDS = tuple(_static(ATPConfig()))
 
 
 @functools.partial(jax.jit, static_argnames=_STATIC_FIELDS)
