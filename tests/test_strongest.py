@@ -7,8 +7,10 @@ import json
 
 import numpy as np
 import pytest
-from conftest import run_binary
+from conftest import REPO, run_binary
 
+from atp_jax.attack.presets import preset
+from atp_jax.runs.folders import load_run
 from atp_jax.runs.records import append_record
 from atp_jax.runs.strongest import choose_strongest, split_questions
 
@@ -114,3 +116,16 @@ def test_report_section(tmp_path):
     assert done.returncode != 0 and "3 values for 2 --results folders" in done.stderr
     done = run_binary("report", ["--results", ",".join(folders), "--choose_strongest"])
     assert done.returncode != 0 and "give --sampled_reference" in done.stderr
+
+
+def test_the_strongest_preset_is_the_attack_the_study_chose():
+    """``strongest`` must stay what the recorded study chooses: both victims' folders, best-of-64 as the
+    reference, each model's measured backward cost (fwd+bwd over fwd − 1 in its CPU benchmark)."""
+    study = REPO / "docs" / "results" / "stronger_attacks"
+    models = ("smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct")
+    costs = []
+    for model in models:
+        bench = json.loads((REPO / "docs" / "benchmarks" / f"{model}_cpu2.json").read_text())
+        costs.append(bench["fwd_bwd_median_s"] / bench["fwd_median_s"] - 1)
+    choice = choose_strongest([load_run(study / m).records for m in models], "best_of_k@k=64", costs)
+    assert preset("strongest") == preset(choice.attack), choice.attack

@@ -98,6 +98,9 @@ PRESETS: dict[str, AttackConfig] = {
     # Evidence-aware placements (no gradient): 5 forwards, and E-Search seeded by them (30, as E-Search).
     "structured": StructuredConfig(),
     "structured_evolution": StructuredEvolutionConfig(),
+    # The stronger-attacks study's winner against best-of-j at equal compute, chosen on half its questions over
+    # both victims and confirmed on the other half (docs/results/stronger_attacks; a test re-derives the choice).
+    "strongest": EvolutionConfig(),
 }
 
 # Names that stand for several attacks in ``--attacks``: the paper's table columns (Vanilla | Rand | Best 20 |
