@@ -548,3 +548,20 @@ def test_broken_answers_are_right_in_the_original_order_and_wrong_in_the_attacks
     rows = {row["attack"]: row for row in summarize([r for r in records if "skipped" not in r])}
     assert rows["best_of_k"]["broken"] == "1/1" and rows["random"]["broken"] == "0/1"
     assert "broken" not in rows["vanilla"]
+
+
+def test_report_summary_counts_the_answers_each_attack_broke(folders):
+    a, _, _ = folders
+    done = run_binary("report", ["--results", str(a), "--summary", "--noci"])
+    assert done.returncode == 0, done.stderr[-2000:]
+    table = done.stdout.split("per attack")[1]
+    header = [c.strip() for c in table.splitlines()[2].strip("|").split("|")]
+    rows = {
+        cells[0]: dict(zip(header, cells))
+        for line in table.splitlines()[4:]
+        if line.startswith("|") and (cells := [c.strip() for c in line.strip("|").split("|")])
+    }
+    # Vanilla is right on e1 and e3; paper is wrong on e1 (broken) and its e3 was skipped: 1 of 1 broken.
+    assert rows["paper"]["broken"] == "1/1" and rows["paper"]["examples"] == "2"
+    assert float(rows["paper"]["mean_loss"]) == pytest.approx((3.0 + 2.5) / 2)
+    assert float(rows["vanilla"]["mean_loss"]) == pytest.approx((1.0 + 2.0 + 1.5) / 3)

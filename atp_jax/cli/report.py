@@ -12,6 +12,8 @@ each row over only the examples measured for every attack (partial runs). Prints
 ``--output PREFIX`` also writes PREFIX.md, PREFIX.csv, PREFIX.tex (booktabs) and the bar chart PREFIX.pdf and
 PREFIX.png. A folder whose records carry ``defended`` (atp-attack --smoothing_k) adds a section to the
 markdown: per attack, the undefended mean score and the mean under permutation smoothing with each k.
+``--summary`` adds, per folder and attack, the mean loss, model calls, seconds, and ``broken``: how many of the
+answers right under the original order the attack made wrong.
 
 ``--probe_filter`` with two folders of the same best-of-k on the same questions (a cheap model's first) reads
 their shared random orders (``atp_jax.runs.probe_filter``): how well the models' order effects agree, and what
@@ -46,6 +48,7 @@ from atp_jax.runs.report import (
     score_latex,
     score_markdown,
     score_tables,
+    summarize,
 )
 from atp_jax.runs.sampled_budget import sampled_budget_markdown, sampled_budget_rows
 from atp_jax.runs.strongest import choose_strongest, strongest_markdown
@@ -91,6 +94,12 @@ _SAMPLED_REFERENCE = flags.DEFINE_string(
     "With --compare: also compare every searching attack with best-of-j random orders at its own compute on each "
     "question (j = its forwards, a backward counted as --backward_cost), exact in expectation over this best-of-k "
     "spec's recorded order losses (e.g. best_of_k@k=54): one large best-of-k run stands in for one run per budget.",
+)
+_SUMMARY = flags.DEFINE_bool(
+    "summary",
+    False,
+    "Per folder and attack: examples, mean loss, forwards, backwards, seconds, mean scores, how often it beats "
+    "best_of_k, and the answers right in the original order that it broke (`broken`, atp_jax.runs.report.summarize).",
 )
 _CHOOSE_STRONGEST = flags.DEFINE_bool(
     "choose_strongest",
@@ -157,6 +166,12 @@ def main(argv):
                 f"### {run.dataset}: {run.model}, permutation smoothing ({run.folder})\n\n"
                 + defense_table(defended, metric)
             )
+    if _SUMMARY.value:
+        for run in runs:
+            measured = [r for r in run.records if "skipped" not in r and "answer_loss" in r]
+            if measured:
+                title = f"### {run.dataset}: {run.model}, per attack ({run.folder})"
+                sections.append(f"{title}\n\n" + markdown_table(summarize(measured)))
     backward_costs = _backward_costs(len(runs))
     if _COMPARE.value:
         metric = _METRIC.value or LOSS_METRIC
