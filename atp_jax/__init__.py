@@ -9,11 +9,14 @@ from atp_jax.attack.config import AttackConfig
 from atp_jax.attack.presets import preset
 from atp_jax.attack.result import AttackResult
 from atp_jax.attack.run import attack
+from atp_jax.data import registry as _dataset_registry  # registers the datasets' answer wording with the prompt
 from atp_jax.inference.qa import answer, answer_loss
 from atp_jax.models.loading import DEFAULT_MODEL, LoadedModel, load_model
 from atp_jax.tables.prompt import PromptStyle
 from atp_jax.tables.table import Example, Table
 from atp_jax.version import __version__
+
+del _dataset_registry
 
 __all__ = [
     "__version__",

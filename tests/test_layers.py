@@ -110,6 +110,20 @@ def _cycles(graph: dict[str, set[str]]) -> list[str]:
     return cycles
 
 
+def _package(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The imports between the package's folders and top-level modules (``tables`` → ``data``), own ones left out."""
+    packages: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        own = _package(module)
+        packages.setdefault(own, set()).update(_package(t) for t in targets if _package(t) != own)
+    return {f"atp_jax.{p}": {f"atp_jax.{t}" for t in targets} for p, targets in packages.items()}
+
+
 def test_no_import_points_up():
     upward = _upward(_graph())
     assert not upward, "imports that point up a layer:\n" + "\n".join(upward)
@@ -118,6 +132,12 @@ def test_no_import_points_up():
 def test_no_import_cycle():
     cycles = _cycles(_graph())
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def test_no_cycle_between_packages():
+    """Two folders of one layer may not lean on each other (``tables`` ↔ ``data``), even through lazy imports."""
+    cycles = _cycles(_package_graph(_graph()))
+    assert not cycles, "import cycles between packages:\n" + "\n".join(cycles)
 
 
 def test_the_checks_catch_what_they_look_for(tmp_path):
@@ -132,3 +152,5 @@ def test_the_checks_catch_what_they_look_for(tmp_path):
         "def f():\n    from atp_jax.runs import report\n"
     )
     assert _imports(lazy) == {"atp_jax.runs.report"}  # the annotation-only import is not a dependency
+    between = {"atp_jax.tables.prompt": {"atp_jax.data.registry"}, "atp_jax.data.registry": {"atp_jax.tables.x"}}
+    assert _cycles(_package_graph(between)) == ["atp_jax.tables -> atp_jax.data -> atp_jax.tables"]

@@ -2,6 +2,9 @@
 
 The plain wording is compared with the exact text the committed records were made with, written out here."""
 
+import subprocess
+import sys
+
 import pytest
 
 from atp_jax.tables.layout import build_layout
@@ -98,3 +101,11 @@ def test_layout_with_paragraphs_equals_the_retokenized_permuted_text(smollm2_tok
         reference_answer(example), add_special_tokens=False
     )
     assert layout.ids([1, 0], [1, 0]).tolist() == expected
+
+
+def test_any_import_of_the_package_gives_the_prompt_every_dataset_wording():
+    """The dataset registry hands its wording down to the prompt; importing any module of the package (here the
+    prompt alone, in a new interpreter) must register it before a prompt is rendered."""
+    code = "from atp_jax.tables.prompt import PromptStyle, instruction\nprint(instruction(PromptStyle(), 'tatqa'))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "scale word" in out

@@ -7,12 +7,14 @@ import pytest
 
 from atp_jax.data import datasets, registry
 from atp_jax.eval import scoring
+from atp_jax.tables import prompt
 from atp_jax.tables.prompt import PromptStyle, instruction
 
 
 @pytest.fixture
 def toy_registries(monkeypatch):
     monkeypatch.setattr(registry, "_DATASETS", dict(registry._DATASETS))
+    monkeypatch.setattr(prompt, "_ANSWER_INSTRUCTIONS", dict(prompt._ANSWER_INSTRUCTIONS))
     monkeypatch.setattr(scoring, "_METRICS", dict(scoring._METRICS))
 
     def exact(prediction, answers, meta):

@@ -7,7 +7,7 @@ files (``<data_dir>/<name>/<split>.jsonl``, read by :func:`atp_jax.data.datasets
 records; ``required_meta`` lists the ``meta`` keys those metrics cannot score without; ``normalize`` is
 the answer form that votes and evidence matching compare; ``answer_instruction``, when set, replaces the
 answer wording of the prompt under ``PromptStyle(answer_format="dataset")`` (the prompt adds how to
-separate several answers either way).
+separate several answers either way; registering hands it to :mod:`atp_jax.tables.prompt`).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from atp_jax.data.releases import Release, fetaqa, tatqa, wtq
 from atp_jax.tables.normalize import normalize_wtq
+from atp_jax.tables.prompt import register_answer_instruction
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +40,8 @@ def register_dataset(spec: DatasetSpec) -> DatasetSpec:
     if name in _DATASETS or name == "sample":
         raise ValueError(f"dataset {spec.name!r} is already registered")
     _DATASETS[name] = dataclasses.replace(spec, name=name)
+    if spec.answer_instruction:
+        register_answer_instruction(name, spec.answer_instruction)
     return _DATASETS[name]
 
 

@@ -29,6 +29,10 @@ _REASONING_INSTRUCTIONS = {
 }
 _SEVERAL_ANSWERS = f"If there are several answers, separate them with '{ANSWER_SEPARATOR.strip()}'."
 _SENTINEL = "\u2063TABLE\u2063"  # invisible separator: never occurs in a template or a question
+# A dataset's own answer wording, by dataset name. The dataset registry (a layer beside this one that reads
+# tables) hands each registered dataset's wording down through ``register_answer_instruction``, so the prompt
+# never imports the registry.
+_ANSWER_INSTRUCTIONS: dict[str, str] = {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,14 +88,24 @@ def encode_text(tokenizer, text: str) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False) if text else []
 
 
+def register_answer_instruction(dataset: str, wording: str) -> None:
+    """Asks ``dataset``'s answers in ``wording`` under ``PromptStyle(answer_format="dataset")``.
+
+    ``atp_jax.data.registry.register_dataset`` calls it for every dataset whose spec has an
+    ``answer_instruction``; registering other wording for a name already registered is refused.
+    """
+    name = dataset.lower()
+    if _ANSWER_INSTRUCTIONS.get(name, wording) != wording:
+        raise ValueError(f"dataset {dataset!r} already has an answer instruction: {_ANSWER_INSTRUCTIONS[name]!r}")
+    _ANSWER_INSTRUCTIONS[name] = wording
+
+
 def instruction(style: PromptStyle, dataset: str = "") -> str:
     """The instruction before the table: how to reason, then how to write the answer for ``dataset``."""
-    from atp_jax.data.registry import dataset_names, dataset_spec  # lazily: the registry sits beside tables
-
     answer_format = _SEVERAL_ANSWERS
-    if style.answer_format == "dataset" and dataset.lower() in dataset_names():
-        own = dataset_spec(dataset).answer_instruction
-        answer_format = f"{own} {_SEVERAL_ANSWERS}" if own else _SEVERAL_ANSWERS
+    own = _ANSWER_INSTRUCTIONS.get(dataset.lower()) if style.answer_format == "dataset" else None
+    if own:
+        answer_format = f"{own} {_SEVERAL_ANSWERS}"
     return f"{_REASONING_INSTRUCTIONS[style.reasoning]} {answer_format}"
 
 
