@@ -8,12 +8,15 @@ in the test.
 
     python tests/forced_devices.py attacks "model=4;data=4;data=2,model=2"
     python tests/forced_devices.py load CHECKPOINT_DIR "model=4;data=2,model=2"
+    python tests/forced_devices.py train TOKENIZER_DIR "data=2;data=4"
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
+import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -147,12 +150,115 @@ def load(checkpoint: str, meshes: list[str]) -> dict:
     return out
 
 
+def _step_batch(vocab: int):
+    """A fixed training batch of 3 rows padded to 4 (``example_mask``): right-padded ids, answers of 3 and 2
+    tokens in 4 slots."""
+    from atp_jax.train.step import Batch
+
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, vocab, (4, 24)).astype(np.int32)
+    positions = np.array([[9, 10, 11, 0], [15, 16, 0, 0], [19, 20, 21, 0], [0, 0, 0, 0]], np.int32)
+    targets = np.take_along_axis(ids, positions + 1, axis=1)
+    target_mask = np.array([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 0], [0, 0, 0, 0]], np.float32)
+    return Batch(ids, positions, targets, target_mask, np.array([1, 1, 1, 0], np.float32))
+
+
+def _leaves(tree) -> list[np.ndarray]:
+    return [np.asarray(leaf) for leaf in jax.tree.leaves(tree)]
+
+
+def _largest_difference(a: list[np.ndarray], b: list[np.ndarray]) -> float:
+    return max(float(np.abs(x - y).max()) for x, y in zip(a, b))
+
+
+def train(tokenizer_dir: str, meshes: list[str]) -> dict:
+    """Training on one device and on each mesh. A full fine-tune's batch-loss gradient (its largest difference
+    from the one-device gradient, and that gradient's largest entry) and one ``train_step`` (loss, gradient norm,
+    the largest parameter difference and the largest update). Then a 3-step LoRA ``train`` run (3 examples a
+    batch, which a 2-way data axis pads to 4) on one device, on the first mesh (the model loaded without it:
+    ``train`` places it) and on ``data=2,model=2`` (the model loaded tensor-parallel): per-step losses, the
+    adapters' largest difference from the one-device run's and how many step programs it compiled."""
+    from transformers import AutoTokenizer
+
+    from atp_jax.train.step import (
+        TrainStepConfig,
+        _train_step,
+        batch_loss,
+        init_optimizer,
+        init_params,
+        place,
+        train_step,
+    )
+    from atp_jax.train.trainer import TrainConfig
+    from atp_jax.train.trainer import train as train_run
+
+    config = ModelConfig(
+        architecture="llama",
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+    )
+    batch = _step_batch(config.vocab_size)
+    out = {"devices": jax.device_count(), "steps": {}, "train": {}}
+    step_config = TrainStepConfig(learning_rate=1e-3)
+    reference = None
+    for mesh_spec in ["none", *meshes]:
+        mesh = None if mesh_spec == "none" else make_mesh(mesh_spec)
+        model = params.random_model(config, seed=0, mesh=mesh)
+        trainable = init_params(model, step_config, jax.random.key(0))
+        start = _leaves(trainable)
+        placed = place(batch, mesh)
+        grads = _leaves(jax.jit(jax.grad(batch_loss), static_argnums=3)(trainable, model, placed, step_config))
+        state = init_optimizer(trainable, step_config)
+        trainable, state, loss, norm = train_step(model, trainable, state, placed, step_config)
+        new = _leaves(trainable)
+        reference = reference or {"grads": grads, "params": new}
+        out["steps"][mesh_spec] = {
+            "loss": float(loss),
+            "grad_norm": float(norm),
+            "max_grad": max(float(np.abs(g).max()) for g in grads),
+            "max_grad_difference": _largest_difference(grads, reference["grads"]),
+            "max_param_difference": _largest_difference(new, reference["params"]),
+            "max_update": _largest_difference(new, start),
+        }
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    tiny = dataclasses.replace(config, vocab_size=len(tokenizer))
+    table = atp_jax.Table(["City", "Rain"], [["Bergen", "2250"], ["Lima", "16"], ["Cork", "1200"]])
+    questions = [("Which city is wettest?", "Bergen"), ("Which city is driest?", "Lima"), ("Rain in Cork?", "1200")]
+    examples = [atp_jax.Example(q, table, [a], f"q{k}", dataset="wtq") for k, (q, a) in enumerate(questions)]
+    run = TrainConfig(attack="vanilla", steps=3, batch_size=3, learning_rate=1e-3, lora_rank=2)
+    trained = None
+    # One device; the first mesh, the model loaded without it (train places it); 2 x 2 devices, the model loaded
+    # tensor-parallel on them.
+    for mesh_spec, placed in (("none", False), (meshes[0], False), ("data=2,model=2", True)):
+        mesh = None if mesh_spec == "none" else make_mesh(mesh_spec)
+        weights = params.random_model(tiny, seed=0, mesh=mesh if placed else None)
+        loaded = atp_jax.LoadedModel("tiny", tiny, weights, tokenizer, "random", 0.0)
+        programs = _train_step._cache_size()
+        with tempfile.TemporaryDirectory() as folder:
+            result = train_run(loaded, examples, run, folder, mesh=mesh, progress=False)
+        adapters = _leaves(result.params)
+        trained = trained or adapters
+        out["train"][mesh_spec] = {
+            "losses": list(result.losses),
+            "max_param_difference": _largest_difference(adapters, trained),
+            "programs": _train_step._cache_size() - programs,
+        }
+    return out
+
+
 if __name__ == "__main__":
     check, *args = sys.argv[1:]
     if check == "attacks":
         result = attacks(args[0].split(";"))
     elif check == "load":
         result = load(args[0], args[1].split(";"))
+    elif check == "train":
+        result = train(args[0], args[1].split(";"))
     else:
-        raise SystemExit(f"unknown check {check!r}: attacks or load")
+        raise SystemExit(f"unknown check {check!r}: attacks, load or train")
     print("RESULT " + json.dumps(result))

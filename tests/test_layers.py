@@ -30,6 +30,7 @@ LAYERS = {
     "diagnostics": 2,
     "eval": 3,
     "runs": 4,
+    "train": 4,
     "__init__": 5,
     "cli": 6,
 }
