@@ -88,3 +88,50 @@ def test_atp_compile_asked_for_with_a_preset_that_is_not_atp_is_refused_before_t
     )
     assert done.returncode != 0
     assert "--attack_preset vanilla: the atp_compile variant times an ATP program" in done.stdout + done.stderr
+
+
+def test_training_step_variants_time_a_clean_and_an_adversarial_step(tmp_path):
+    """One training step of atp_jax.train on a batch of synthetic tables, plain and with the inner attack on every
+    example: both timed, their ratio, and the compiled step's memory from XLA's buffer assignment."""
+    out = tmp_path / "bench.json"
+    done = run_binary(
+        "benchmark",
+        [
+            "--model",
+            "config:tiny-llama",
+            "--variants",
+            "train_step,adversarial_train_step",
+            "--rows",
+            "3",
+            "--cols",
+            "2",
+            "--train_batch",
+            "2",
+            "--repeats",
+            "1",
+            "--json_out",
+            out,
+        ],
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    figures = json.loads(out.read_text())
+    for name in ("train_step", "adversarial_train_step"):
+        assert figures[f"{name}_median_s"] > 0 and figures[f"{name}_first_call_s"] > 0, name
+    assert figures["adversarial_train_step_over_train_step"] > 0
+    assert figures["train_step_device_peak_gb"] > 0 and figures["train_step_device_temp_gb"] >= 0
+    # a full fine-tune trains every weight: the step holds at least the weights and their updated copy
+    assert figures["train_trainable_gb"] == pytest.approx(figures["weights_gb"])
+    assert figures["train_step_device_peak_over_weights"] > 2
+    assert figures["train_attack"] == "atp_joint" and figures["train_lora_rank"] == 0
+    assert figures["train_table"] == "3x2" and figures["train_batch_shape"].startswith("2x")
+    assert "atp_step_median_s" not in figures  # only the variants asked for
+
+
+def test_bad_training_flags_are_refused_before_the_model_loads():
+    done = run_binary(
+        "benchmark", ["--model", "no-such-model", "--variants", "train_step", "--train_attack", "atp_nothing"]
+    )
+    assert done.returncode != 0
+    assert "--train_attack atp_nothing" in done.stdout + done.stderr
+    done = run_binary("benchmark", ["--model", "no-such-model", "--variants", "train_step", "--lora_rank", "-1"])
+    assert done.returncode != 0 and "--lora_rank -1" in done.stdout + done.stderr

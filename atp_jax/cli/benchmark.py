@@ -1,6 +1,6 @@
 """Where the time goes: model load, forward and forward+backward to the input embeddings, the same in
-transformers' PyTorch model, matmul throughput, ATP steps, what ATP's program takes to compile and one whole
-attack.
+transformers' PyTorch model, matmul throughput, ATP steps, what ATP's program takes to compile, one whole
+attack, and one training step of ``atp_jax.train`` with and without its inner attack.
 
 Variants run in one process, alternating round by round so machine drift hits all alike; each figure
 is the median of ``--repeats`` runs after a warm-up call, whose time (compile included) is reported
@@ -10,6 +10,7 @@ separately.
   atp-benchmark --model qwen2.5-coder-1.5b-instruct --repeats 3
   atp-benchmark --model config:llama-3.1-8b --dtype bfloat16 --variants fwd,fwd_bwd,matmul_peak
   atp-benchmark --model smollm2-135m-instruct --variants atp_compile --attack_preset atp_joint
+  atp-benchmark --model smollm2-135m-instruct --variants train_step,adversarial_train_step --train_batch 8
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import json
 import resource
 import statistics
 import time
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -46,10 +48,13 @@ VARIANTS = (
     "atp_steps",
     "atp_compile",
     "attack_example",
+    "train_step",
+    "adversarial_train_step",
 )
 TORCH_VARIANTS = ("torch_fwd_bwd", "torch_compile_fwd_bwd")
-# These build a text prompt: they need a tokenizer.
 ATTACK_VARIANTS = ("atp_step", "atp_steps", "atp_compile", "attack_example")
+TRAIN_VARIANTS = ("train_step", "adversarial_train_step")
+TEXT_VARIANTS = ATTACK_VARIANTS + TRAIN_VARIANTS  # these build a text prompt: they need a tokenizer
 MATMUL_SIZES = (2048, 4096)
 
 model_flags.define_model_flags(atp_jax.DEFAULT_MODEL)
@@ -68,6 +73,19 @@ _RESTARTS = flags.DEFINE_integer(
 )
 _ATTACK_PRESET = flags.DEFINE_string("attack_preset", "paper", "Preset of the whole attack timed by attack_example.")
 _NEW_TOKENS = flags.DEFINE_integer("new_tokens", 32, "Greedy tokens per generation run (attack_example).")
+_TRAIN_BATCH = flags.DEFINE_integer(
+    "train_batch", 4, "Examples per training step (train_step, adversarial_train_step), each a synthetic table."
+)
+_TRAIN_ATTACK = flags.DEFINE_string(
+    "train_attack",
+    "atp_joint",
+    "The inner attack of adversarial_train_step, run on every batch example: any preset spec.",
+)
+_LORA_RANK = flags.DEFINE_integer(
+    "lora_rank",
+    0,
+    "The training variants: 0 fine-tunes every parameter; R >= 1 trains rank-R adapters (atp_jax.train).",
+)
 _PROFILE_DIR = flags.DEFINE_string(
     "profile_dir", None, "Write a jax.profiler trace of one extra, untimed round of all variants here."
 )
@@ -114,25 +132,29 @@ def _step_memory(loaded, problem, restarts: int) -> dict:
     cfg = dataclasses.replace(preset("paper"), n_attack=1, restarts=restarts)
     keys = place_batch(jax.random.split(jax.random.key(0), restarts), loaded.mesh)
     compiled = lower_atp(loaded.model, problem.tensors, keys, cfg).compile()
+    return _compiled_memory(f"atp_r{restarts}_step", compiled, loaded)
+
+
+def _compiled_memory(prefix: str, compiled, loaded) -> dict:
+    """``<prefix>_device_{arguments,temp,peak}_gb`` and ``<prefix>_device_peak_over_weights`` of a compiled program,
+    from XLA's buffer assignment (per device on a mesh): arguments + outputs + temporaries − the outputs that alias
+    an argument; none where the backend gives no analysis."""
     analysis = compiled.memory_analysis()
-    out = {}
-    if analysis is not None:
-        peak = (
-            analysis.argument_size_in_bytes
-            + analysis.output_size_in_bytes
-            + analysis.temp_size_in_bytes
-            - analysis.alias_size_in_bytes
-        )
-        total = sum(leaf.nbytes for leaf in jax.tree.leaves(nnx.state(loaded.model)))
-        out.update(
-            {
-                f"atp_r{restarts}_step_device_arguments_gb": analysis.argument_size_in_bytes / 1e9,
-                f"atp_r{restarts}_step_device_temp_gb": analysis.temp_size_in_bytes / 1e9,
-                f"atp_r{restarts}_step_device_peak_gb": peak / 1e9,
-                f"atp_r{restarts}_step_device_peak_over_weights": peak / total,
-            }
-        )
-    return out
+    if analysis is None:
+        return {}
+    peak = (
+        analysis.argument_size_in_bytes
+        + analysis.output_size_in_bytes
+        + analysis.temp_size_in_bytes
+        - analysis.alias_size_in_bytes
+    )
+    total = sum(leaf.nbytes for leaf in jax.tree.leaves(nnx.state(loaded.model)))
+    return {
+        f"{prefix}_device_arguments_gb": analysis.argument_size_in_bytes / 1e9,
+        f"{prefix}_device_temp_gb": analysis.temp_size_in_bytes / 1e9,
+        f"{prefix}_device_peak_gb": peak / 1e9,
+        f"{prefix}_device_peak_over_weights": peak / total,
+    }
 
 
 def _measured_device_peak() -> dict:
@@ -142,15 +164,16 @@ def _measured_device_peak() -> dict:
     return {"device_peak_bytes_in_use_gb_max": max(measured) / 1e9} if measured else {}
 
 
-def _synthetic_example():
-    """A ``--rows`` x ``--cols`` table of random words and numbers with a one-cell answer."""
+def _synthetic_example(seed: int = 0):
+    """A ``--rows`` x ``--cols`` table of random words and numbers with a one-cell answer; ``seed`` 0 is the table
+    of the attack variants, other seeds other cells of the same shape."""
     from atp_jax.tables.table import Example, Table
 
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     words = ["alpha", "beta", "gamma", "delta", "omega", "red", "blue", "north", "south", "river"]
     rows = [[f"{rng.choice(words)} {rng.integers(0, 1000)}" for _ in range(_COLS.value)] for _ in range(_ROWS.value)]
     table = Table([f"Col {j}" for j in range(_COLS.value)], rows)
-    return Example("Which row comes first?", table, [table.rows[0][0]], "bench")
+    return Example("Which row comes first?", table, [table.rows[0][0]], "bench" if seed == 0 else f"bench{seed}")
 
 
 def _jax_variants(model, ids, targets):
@@ -354,6 +377,120 @@ def _attack_example_variants(loaded, example, ids):
     }
 
 
+def _train_config():
+    """The training variants' ``TrainConfig`` from ``--train_attack``, ``--train_batch`` and ``--lora_rank``;
+    ``app.UsageError`` naming the flag for a bad value."""
+    from atp_jax.attack.problem import AttackInputError
+    from atp_jax.attack.run import check_mode
+    from atp_jax.train.trainer import TrainConfig
+
+    if _TRAIN_BATCH.value < 1:
+        raise app.UsageError(f"--train_batch {_TRAIN_BATCH.value}: give 1 or more examples per training step")
+    if _LORA_RANK.value < 0:
+        raise app.UsageError(f"--lora_rank {_LORA_RANK.value}: give 0 (full fine-tune) or an adapter rank >= 1")
+    try:
+        config = TrainConfig(attack=_TRAIN_ATTACK.value, batch_size=_TRAIN_BATCH.value, lora_rank=_LORA_RANK.value)
+        if not config.is_clean:
+            check_mode(_synthetic_example(), config.attack_config)
+    except (ValueError, AttackInputError) as e:
+        raise app.UsageError(
+            f"--train_attack {_TRAIN_ATTACK.value} on a {_ROWS.value}x{_COLS.value} table: {e}; give another preset "
+            "spec, or more --rows/--cols"
+        ) from e
+    return config
+
+
+def _train_variants(loaded, config) -> tuple[dict, dict, Callable[[], dict]]:
+    """``train_step`` and ``adversarial_train_step``: one AdamW step of ``atp_jax.train`` on ``--train_batch``
+    synthetic tables of ``--rows`` x ``--cols`` (``[B, S]`` ids, S the text bucket of the longest prompt + answer).
+
+    ``train_step`` is a clean fine-tune's step: tokenizing each example's prompt in the original order and its
+    answer, the padded batch, ``train_step``. ``adversarial_train_step`` first runs ``config``'s inner attack on
+    every example with the current weights and tokenizes the prompt over the order it found, as
+    ``atp_jax.train.trainer.train`` does. Both take their step on one shared trained state (a second copy of the
+    trainable parameters and Adam's moments would double the memory measured) and, as the trainer does, leave
+    the attacked model on the new weights (LoRA: the adapters merged into the kernels), so every attack runs on
+    the weights of its step. Each run returns the batch's loss, blocked on with the new state.
+
+    Also returns figures (the batch's shape, the trainable parameters' size) and a function giving the compiled
+    training step's per-device memory on the clean batch from XLA's buffer assignment (``train_step_device_*``):
+    to be called after the timed runs, since JAX keeps the program it compiles and the first call would reuse it.
+    """
+    from atp_jax.attack.presets import canonical
+    from atp_jax.inference.qa import prompt_ids
+    from atp_jax.sharding import DATA, axis_size
+    from atp_jax.tables.prompt import encode_text, reference_answer
+    from atp_jax.train import step as train_lib
+    from atp_jax.train.trainer import make_batch
+
+    step_config = config.step_config
+    attack_config = config.attack_config
+    examples = [_synthetic_example(seed) for seed in range(config.batch_size)]
+    data = axis_size(loaded.mesh, DATA)
+    batch_rows = -(-config.batch_size // data) * data  # rows divide over the data axis; the padding rows count zero
+
+    @functools.partial(jax.jit, static_argnames="lora")
+    def merged_layers(model, params, lora):
+        return train_lib.trained_model(model, params, train_lib.TrainStepConfig(lora=lora)).layers.weights()
+
+    def weights(params) -> dict:
+        """What the attacked model's weights become: ``params`` (full) or the merged kernels placed as the base's."""
+        if step_config.lora is None:
+            return params
+        base = loaded.model.layers.weights()
+        merged = merged_layers(loaded.model, params, step_config.lora)
+        return {"layers": {name: jax.device_put(value, base[name].sharding) for name, value in merged.items()}}
+
+    params = train_lib.init_params(loaded.model, step_config, jax.random.key(config.seed))
+    state = {"params": params, "opt_state": train_lib.init_optimizer(params, step_config)}
+    current = dataclasses.replace(loaded, model=train_lib.with_weights(loaded.model, weights(params)))
+
+    def batch(adversarial: bool):
+        rows = []
+        for seed, example in enumerate(examples):
+            table = example.table
+            if adversarial and not config.is_clean:
+                result = atp_jax.attack(current, example, dataclasses.replace(attack_config, seed=seed), config.style)
+                table = table.permute(result.row_perm, result.col_perm)
+            target = encode_text(current.tokenizer, reference_answer(example))
+            rows.append((prompt_ids(current, example, table, config.style), target))
+        return train_lib.place(make_batch(rows, batch_rows), loaded.mesh)
+
+    def step(adversarial: bool) -> float:
+        params, opt_state, loss, _ = train_lib.train_step(
+            loaded.model, state["params"], state["opt_state"], batch(adversarial), step_config
+        )
+        state.update(params=params, opt_state=opt_state)
+        nnx.update(current.model, weights(params))
+        jax.block_until_ready((params, opt_state, nnx.state(current.model)))
+        return float(loss)
+
+    def memory() -> dict:
+        # The program train_step runs, lowered and compiled for its buffer assignment (the private names are the
+        # jitted step itself and the placement it is called with: the same program, not a look-alike).
+        placement = train_lib._placement((state["params"], state["opt_state"]))
+        compiled = train_lib._train_step.lower(
+            loaded.model,
+            state["params"],
+            state["opt_state"],
+            clean,
+            train_lib.settings(step_config),
+            step_config.lora,
+            placement,
+        ).compile()
+        return _compiled_memory("train_step", compiled, loaded)
+
+    clean = batch(adversarial=False)
+    figures = {
+        "train_batch_shape": "x".join(map(str, clean.ids.shape)),
+        "train_attack": canonical(config.attack),
+        "train_lora_rank": config.lora_rank,
+        "train_trainable_gb": sum(leaf.nbytes for leaf in jax.tree.leaves(state["params"])) / 1e9,
+    }
+    variants = {"train_step": lambda: step(False), "adversarial_train_step": lambda: step(True)}
+    return variants, figures, memory
+
+
 def _forward_flops(config, tokens: int, loss_positions: int) -> float:
     """≈ FLOPs of one forward: 2 per decoder weight per token, plus the vocabulary head at the loss
     positions only. Attention's token-by-token products are left out (a few % at a few hundred
@@ -397,6 +534,8 @@ def _derived_figures(loaded, medians: dict, first: dict, matmul_flops: dict) -> 
             if name in medians:
                 out[f"{name}_over_atp_step"] = medians[name] / out["atp_step_s"]
                 out[f"{name}_loss_minus_jax"] = first[name][0] - float(first["prompt_fwd_bwd"][0])
+    if "train_step" in medians and "adversarial_train_step" in medians:
+        out["adversarial_train_step_over_train_step"] = medians["adversarial_train_step"] / medians["train_step"]
     if "generate" in medians:
         generated = len(first["generate"][0])  # greedy, so every run emits the same tokens
         out["generate_new_tokens"] = generated
@@ -428,12 +567,13 @@ def main(argv):
             )
         print(f"--attack_preset {_ATTACK_PRESET.value} is not ATP: skipping atp_compile")
         selected = [v for v in selected if v != "atp_compile"]
+    train_config = _train_config() if any(v in selected for v in TRAIN_VARIANTS) else None
     mesh = model_flags.check_model_flags()
     loaded = model_flags.load_model_from_flags(mesh=mesh)
     peak_rss_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-    if loaded.tokenizer is None and any(v in selected for v in ATTACK_VARIANTS):
-        print(f"{loaded.name} has no tokenizer: skipping", ", ".join(v for v in ATTACK_VARIANTS if v in selected))
-        selected = [v for v in selected if v not in ATTACK_VARIANTS]
+    if loaded.tokenizer is None and any(v in selected for v in TEXT_VARIANTS):
+        print(f"{loaded.name} has no tokenizer: skipping", ", ".join(v for v in TEXT_VARIANTS if v in selected))
+        selected = [v for v in selected if v not in TEXT_VARIANTS]
     rng = np.random.default_rng(0)
     ids = jnp.asarray(rng.integers(0, loaded.config.vocab_size, (1, _TOKENS.value)), jnp.int32)
     targets = ids[:, -_ANSWER_TOKENS.value :]
@@ -450,7 +590,7 @@ def main(argv):
         "peak_rss_after_load_gib": round(peak_rss_gib, 2),
         **_weight_figures(loaded),
     }
-    variants, matmul_flops = {}, {}
+    variants, matmul_flops, train_memory = {}, {}, None
     variants.update({n: run for n, run in _jax_variants(loaded.model, ids, targets).items() if n in selected})
     if "matmul_peak" in selected:
         more, matmul_flops = _matmul_variants(dtype)
@@ -484,6 +624,11 @@ def main(argv):
             variants.update(_compile_variant(loaded, example))
         if "attack_example" in selected:
             variants.update(_attack_example_variants(loaded, example, ids))
+    if any(v in selected for v in TRAIN_VARIANTS):
+        more, train_figures, train_memory = _train_variants(loaded, train_config)
+        variants.update({name: run for name, run in more.items() if name in selected})
+        figures["train_table"] = f"{_ROWS.value}x{_COLS.value}"
+        figures.update(train_figures)
 
     first, first_call_s = {}, {}
     for name, run in variants.items():
@@ -505,6 +650,8 @@ def main(argv):
                 with jax.profiler.TraceAnnotation(name):
                     run()
 
+    if train_memory is not None:
+        figures.update(train_memory())
     medians = {name: statistics.median(t) for name, t in times.items()}
     for name in variants:
         figures[f"{name}_median_s"] = medians[name]

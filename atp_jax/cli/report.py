@@ -24,6 +24,13 @@ compute on each question, exact in expectation over the K order losses one best-
 (``atp_jax.runs.sampled_budget``); ``--backward_cost`` takes one value or one per folder. With
 ``--choose_strongest`` it picks the attack that beats it by the most on its worst folder, on a random half of the
 questions, and measures that attack alone on the other half (``atp_jax.runs.strongest``).
+
+``--robustness`` compares models evaluated with the same attacks on the same questions, one folder each, the base
+model's first (``atp_jax.runs.robustness``): per model the original order's CE and accuracy and each attack's CE,
+accuracy and gain (attack CE − vanilla CE per question), then each model against each of the first
+``--robustness_references`` folders, paired by question with 95% BCa intervals.
+
+  atp-report --results results/base,results/clean,results/adversarial --robustness --attacks best_of_k,strongest
 """
 
 from __future__ import annotations
@@ -50,6 +57,7 @@ from atp_jax.runs.report import (
     score_tables,
     summarize,
 )
+from atp_jax.runs.robustness import REFERENCES, robustness, robustness_markdown
 from atp_jax.runs.sampled_budget import sampled_budget_markdown, sampled_budget_rows
 from atp_jax.runs.strongest import choose_strongest, strongest_markdown
 
@@ -133,6 +141,20 @@ _CHEAP_COST = flags.DEFINE_float(
     "With --probe_filter: a forward of the cheap model in forwards of the expensive one (measure it: the two "
     "models' atp-benchmark fwd times).",
 )
+_ROBUSTNESS = flags.DEFINE_bool(
+    "robustness",
+    False,
+    "Compare the models of the --results folders (one each, the base model's first, all evaluated with vanilla "
+    "and the same attacks on the same questions): per model the vanilla CE and --metric, each attack's CE, --metric "
+    "and gain (attack CE - vanilla CE per question; --attacks chooses the attacks), then each model against the "
+    "first --robustness_references folders, paired by question with 95% BCa intervals (atp_jax.runs.robustness).",
+)
+_ROBUSTNESS_REFERENCES = flags.DEFINE_integer(
+    "robustness_references",
+    REFERENCES,
+    "With --robustness: every folder is compared with each of this many leading --results folders given before it "
+    "(e.g. 2: the base model and a clean fine-tune).",
+)
 _OUTPUT = flags.DEFINE_string(
     "output", None, "Prefix of the .md, .csv, .tex, .pdf and .png files to write (none: print only)."
 )
@@ -201,6 +223,8 @@ def main(argv):
         sections.append(f"### {runs[1].folder} against {runs[0].folder}\n\n" + markdown_table(rows))
     if _PROBE_FILTER.value:
         sections.append(_probe_filter_section(runs))
+    if _ROBUSTNESS.value:
+        sections.append(_robustness_section(runs))
     markdown = "\n\n".join(sections)
     print(markdown)
     if _OUTPUT.value:
@@ -256,6 +280,21 @@ def _strongest_section(runs, backward_costs: list[float]) -> str:
     return f"### The strongest attack against best-of-j at its compute, from {reference}\n\n" + strongest_markdown(
         choice, [f"{run.model} ({run.folder})" for run in runs]
     )
+
+
+def _robustness_section(runs) -> str:
+    try:
+        result = robustness(
+            runs,
+            attacks=_ATTACKS.value,
+            metric=_METRIC.value,
+            references=_ROBUSTNESS_REFERENCES.value,
+            resamples=_RESAMPLES.value,
+            seed=_SEED.value,
+        )
+    except ValueError as e:
+        sys.exit(f"--robustness: {e}")
+    return f"### {runs[0].dataset}: robustness to table orders, {len(runs)} models\n\n" + robustness_markdown(result)
 
 
 def _probe_filter_section(runs) -> str:
