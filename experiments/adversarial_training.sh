@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The adversarial-training study (#41, the paper's A.9 defense): does training under adversarial orders shrink the
+# attack's CE gain on held-out questions more than random-order augmentation, and at what cost to vanilla accuracy?
+# One model per inner attack, trained on WTQ dev questions outside the bundled sample (--heldout sample), each
+# exported and evaluated with generation on the sample's first order-free questions beside the base model, then one
+# report of paired differences. Every step resumes (orbax checkpoints, recorded attacks), so rerunning continues.
+#   DATA_DIR=<folder with wtq/dev.jsonl> BIN=.venv/bin OUT=docs/results/adversarial_training experiments/adversarial_training.sh
+set -euo pipefail
+BIN=${BIN:-.venv/bin}
+OUT=${OUT:-docs/results/adversarial_training}
+RUNS=${RUNS:-results/adversarial_training}   # checkpoints and exported weights: large, kept out of docs/
+DATA_DIR=${DATA_DIR:?set DATA_DIR to the folder holding wtq/dev.jsonl (or a WikiTableQuestions checkout)}
+MODEL=${MODEL:-smollm2-135m-instruct}
+STEPS=${STEPS:-200}
+# random second: every model is compared with the base model and with random-order augmentation.
+MODES=${MODES:-random vanilla best_of_k@k=8 evolution atp_joint}
+SELECT=(--max_rows 12 --max_cols 8)
+EVAL=(--num_examples ${EVAL_N:-24} "${SELECT[@]}" --attacks vanilla,best_of_k,strongest)
+
+"$BIN/atp-attack" --model "$MODEL" "${EVAL[@]}" --output_dir "$OUT/base"
+folders=$OUT/base
+for mode in $MODES; do
+  name=${mode//[@=,]/_}
+  "$BIN/atp-train" --model "$MODEL" --dataset wtq --data_dir "$DATA_DIR" --num_examples ${TRAIN_N:-400} "${SELECT[@]}" \
+    --inner "$mode" --steps "$STEPS" --batch_size 4 --learning_rate 2e-5 --warmup_steps 10 --remat \
+    --checkpoint_every 10 --output_dir "$RUNS/$name"
+  mkdir -p "$OUT/$name" && cp "$RUNS/$name/train_log.jsonl" "$RUNS/$name/run.json" "$RUNS/$name/skipped.json" "$OUT/$name/"
+  "$BIN/atp-attack" --model "$RUNS/$name/model" "${EVAL[@]}" --output_dir "$OUT/$name/eval"
+  folders+=",$OUT/$name/eval"
+done
+"$BIN/atp-report" --results "$folders" --robustness --robustness_references 2
