@@ -19,7 +19,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import jax
-import jax.numpy as jnp
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 DATA = "data"
@@ -113,8 +112,8 @@ def batch_spec(mesh: Mesh | None, batch: int) -> str | None:
 def place_batch(array, mesh: Mesh | None):
     """A host (or device) array on the mesh with its leading axis split over ``data`` where it divides evenly,
     else replicated; without a mesh, on the default device. Works for typed PRNG key arrays too."""
-    if mesh is None:
-        return array if isinstance(array, jax.Array) else jnp.asarray(array)
+    if mesh is None:  # a transfer: jnp.asarray would compile a program per shape to stage the array
+        return array if isinstance(array, jax.Array) else jax.device_put(array)
     return jax.device_put(array, NamedSharding(mesh, PartitionSpec(batch_spec(mesh, array.shape[0]))))
 
 

@@ -2,6 +2,7 @@
 process with the cache on fetches them instead of compiling (JAX's own cache-hit events say so)."""
 
 import json
+import logging
 
 import jax
 import jax.numpy as jnp
@@ -42,3 +43,39 @@ def test_records_carry_compiles_and_a_rerun_hits_the_cache(tiny_checkpoint, tmp_
     assert off.returncode == 0, off.stderr[-3000:]
     hits = [json.loads(line)["compiles"]["cache_hits"] for line in (tmp_path / "c" / "results.jsonl").open()]
     assert sum(hits) == 0
+
+
+def _compiled_names(records) -> list[str]:
+    prefix = "Finished XLA compilation of "
+    return [r.getMessage()[len(prefix) :].split(" ")[0] for r in records if r.getMessage().startswith(prefix)]
+
+
+def test_an_attack_on_a_new_bucket_compiles_only_named_programs(tiny_llama, caplog):
+    """Host values reach the device by transfer: a question of a new shape bucket compiles the attack's own
+    programs and no eager staging or conversion program (``jnp.asarray`` of a host array compiles one per shape
+    and dtype, which a sweep pays again at every bucket)."""
+    from atp_jax.attack.presets import preset
+    from atp_jax.attack.run import attack
+    from atp_jax.tables.table import Example, Table
+
+    loaded = tiny_llama()
+
+    def example(n_rows: int, n_cols: int, name: str) -> Example:
+        header = [f"c{j}" for j in range(n_cols)]
+        rows = [[f"r{i}v{j}" for j in range(n_cols)] for i in range(n_rows)]
+        return Example("Which row comes first?", Table(header, rows), ["r0v0"], name, dataset="wtq")
+
+    attacks = [preset(name) for name in ("vanilla", "best_of_k", "atp_joint", "search")]
+    for config in attacks:  # the first bucket: every per-process program (PRNG key setup included) compiles here
+        attack(loaded, example(3, 2, "small"), config)
+    jax.config.update("jax_log_compiles", True)
+    try:
+        with caplog.at_level(logging.WARNING, logger="jax"):
+            for config in attacks:
+                attack(loaded, example(20, 9, "large"), config)
+    finally:
+        jax.config.update("jax_log_compiles", False)
+    names = _compiled_names(caplog.records)
+    assert names, "a new bucket must compile the attack's programs"  # the check sees compiles at all
+    eager = [n for n in names if n in {"jit(stage)", "jit(convert_element_type)", "jit(broadcast_in_dim)"}]
+    assert not eager, f"eager programs compiled for a new bucket: {names}"

@@ -91,7 +91,8 @@ class ATPConfig(AttackConfig):
 def _settings(cfg: ATPConfig) -> dict:
     """The config fields that enter the computation as *values*, not as its structure: presets that differ
     only in these (mode, λ, lr, init, straight-through, which control, temperature) share one compile."""
-    f32 = functools.partial(jnp.asarray, dtype=jnp.float32)
+    # numpy scalars, transferred as the program's arguments: jnp.asarray would compile a program to make each
+    f32 = np.float32
     return {
         "rows_on": f32(cfg.mode in ("row", "joint")),
         "cols_on": f32(cfg.mode in ("col", "joint")),
@@ -99,12 +100,12 @@ def _settings(cfg: ATPConfig) -> dict:
         "lambda_col": f32(cfg.lambda_col),
         "anneal": f32(cfg.lambda_schedule == "anneal"),
         "lr": f32(cfg.lr),
-        "init": jnp.int32(_INITS[cfg.init]),
+        "init": np.int32(_INITS[cfg.init]),
         "init_scale": f32(cfg.init_scale),
         "init_noise": f32(cfg.init_noise),
         "temperature": f32(cfg.temperature),
         "straight_through": f32(cfg.straight_through),
-        "direction": jnp.int32(_DIRECTIONS[cfg.direction]),
+        "direction": np.int32(_DIRECTIONS[cfg.direction]),
     }
 
 

@@ -81,13 +81,13 @@ def random_orders(evaluator: Evaluator, rng: np.random.Generator, k: int, mode: 
 def identity(evaluator: Evaluator, rng: np.random.Generator, mode: str = "joint") -> AttackResult:
     del rng, mode
     rows, cols = evaluator.identity
-    evaluator.losses(rows, cols)  # one query: the clean order, for a like-for-like call count
+    evaluator.query_one(rows, cols)  # one query: the clean order, for a like-for-like call count
     return evaluator.result("vanilla", rows, cols)
 
 
 def random_order(evaluator: Evaluator, rng: np.random.Generator, mode: str = "joint") -> AttackResult:
     rows, cols = random_orders(evaluator, rng, 1, mode)
-    evaluator.losses(rows, cols)
+    evaluator.query_one(rows[0], cols[0])
     return evaluator.result("random", rows[0], cols[0])
 
 
@@ -109,7 +109,7 @@ def reverse(evaluator: Evaluator, rng: np.random.Generator, axis: str) -> Attack
         cols = cols[::-1]
     else:
         raise ValueError(f"axis must be 'row' or 'col', got {axis!r}")
-    evaluator.losses(rows, cols)
+    evaluator.query_one(rows, cols)
     return evaluator.result(f"{axis}_reverse", rows, cols)
 
 

@@ -172,20 +172,26 @@ def make_problem(
     model = loaded.model
     cell_embeds, template_embeds = _embed_cells(model, tokens["cell_ids"], tokens["cell_mask"], tokens["template_ids"])
     prefix_k, prefix_v = _prefix_cache(model, tokens["prefix_ids"])
+    # Host values reach the device by transfer: jnp.asarray / jnp.int32 would compile a program per shape and dtype.
+    answer = jax.device_put(
+        {
+            "targets": np.asarray(tokens["answer_ids"], np.int32),
+            "answer_positions": np.asarray(tokens["answer_positions"], np.int32),
+            "answer_mask": np.asarray(tokens["answer_mask"], np.float32),
+            "n_rows": np.int32(layout.n_rows),
+            "n_cols": np.int32(layout.n_cols),
+            "prefix_length": np.int32(layout.prefix_length),
+        }
+    )
     tensors = ProblemTensors(
         layout=layout.arrays(sizes=sizes),
         cell_embeds=cell_embeds,
         template_embeds=template_embeds,
         prefix_k=prefix_k,
         prefix_v=prefix_v,
-        targets=jnp.asarray(tokens["answer_ids"], jnp.int32),
-        answer_positions=jnp.asarray(tokens["answer_positions"], jnp.int32),
-        answer_mask=jnp.asarray(tokens["answer_mask"], jnp.float32),
-        n_rows=jnp.int32(layout.n_rows),
-        n_cols=jnp.int32(layout.n_cols),
-        prefix_length=jnp.int32(layout.prefix_length),
         clean_logprobs=None,
         body_length=sizes.body,
+        **answer,
     )
     if objective == "kl":
         tensors = tensors.replace(clean_logprobs=_clean_logprobs(model, tensors))

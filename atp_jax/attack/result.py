@@ -71,6 +71,11 @@ class Oracle:
     def true_losses(self, row_perms, col_perms) -> np.ndarray:
         raise NotImplementedError
 
+    def query_one(self, row_perm, col_perm) -> float:
+        """The objective of the one order an attack settles on without searching (the original order, a reversal,
+        one random order): one query, counted."""
+        return float(self.losses([row_perm], [col_perm])[0])
+
     def result(self, method: str, row_perm, col_perm, trace: dict | None = None) -> AttackResult:
         """Measures the chosen order (and the clean one) on re-rendered text and packs the result."""
         identity = self.identity
@@ -139,6 +144,12 @@ class Evaluator(Oracle):
             out.append(np.asarray(values)[:real])
             self.queries += real
         return np.concatenate(out)
+
+    def query_one(self, row_perm, col_perm) -> float:
+        """One order's objective measured on the re-rendered text, which the result reports anyway: one query, and
+        no forward of the layout (nor its program compiled at a batch of one) whose value nothing would read."""
+        self.queries += 1
+        return float(self.true_losses([row_perm], [col_perm])[0])
 
     def true_losses(self, row_perms, col_perms) -> np.ndarray:
         """Objective of hard orders on re-rendered text (the reported number); cached per order on the problem

@@ -74,10 +74,10 @@ def order_gradients(
         D_r, D_c = (_pad_identity(np.asarray(D, np.float32), len(p)) for D, p in zip(at, (rows, cols)))
     value, g_r, g_c = evaluator.compute(
         _gradients_at,
-        jnp.asarray(D_r),
-        jnp.asarray(D_c),
-        jnp.asarray(rows),
-        jnp.asarray(cols),
+        D_r,  # host arrays: the jitted function transfers them (jnp.asarray would compile a program for each)
+        D_c,
+        rows,
+        cols,
         objective=problem.objective,
         positions=positions,
     )

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -136,15 +137,17 @@ class Layout:
         (default), or ``xp=np``. Pad cells have length 0; pad runs are empty template runs."""
         sizes = sizes or self.sizes
         runs = lambda a: pad_to(a, (sizes.runs,))  # noqa: E731  (TEMPLATE_RUN = 0: pads are empty templates)
-        return {
-            "template_length": xp.asarray(sizes.template),
-            "cell_lengths": xp.asarray(pad_to(self.cell_lengths, (sizes.rows, sizes.cols))),
-            "item_kind": xp.asarray(runs(self.item_kind)),
-            "item_start": xp.asarray(runs(self.item_start)),
-            "item_length": xp.asarray(runs(self.item_length)),
-            "item_row": xp.asarray(runs(self.item_row)),
-            "item_col": xp.asarray(runs(self.item_col)),
+        arrays = {
+            "template_length": np.int32(sizes.template),
+            "cell_lengths": pad_to(self.cell_lengths, (sizes.rows, sizes.cols)).astype(np.int32),
+            "item_kind": runs(self.item_kind).astype(np.int32),
+            "item_start": runs(self.item_start).astype(np.int32),
+            "item_length": runs(self.item_length).astype(np.int32),
+            "item_row": runs(self.item_row).astype(np.int32),
+            "item_col": runs(self.item_col).astype(np.int32),
         }
+        # A transfer, not jnp.asarray: that compiles a program per shape to stage each array (one per bucket).
+        return arrays if xp is np else jax.device_put(arrays)
 
     def token_arrays(self, sizes: Sizes | None = None) -> dict[str, np.ndarray]:
         """The token ids an attack embeds, padded to ``sizes`` (default: none); numpy.
