@@ -99,15 +99,16 @@ def place(batch: Batch, mesh) -> Batch:
 
 def settings(config: TrainStepConfig) -> dict[str, jax.Array]:
     """The optimizer's numbers as arrays: they enter ``train_step`` as values, not as its structure, so runs that
-    differ only in them (another learning rate, schedule or clip) share one compiled step."""
-    f32 = functools.partial(jnp.asarray, dtype=jnp.float32)
+    differ only in them (another learning rate, schedule or clip) share one compiled step. numpy scalars: ``jit``
+    transfers them, where ``jnp.asarray`` would run (and first compile) a program for each, every step."""
+    f32 = np.float32
     return {
         "learning_rate": f32(config.learning_rate),
         "warmup_steps": f32(config.warmup_steps),
         "cosine": f32(config.schedule == "cosine"),
         "total_steps": f32(config.total_steps),
         "weight_decay": f32(config.weight_decay),
-        "grad_clip": f32(config.grad_clip if config.grad_clip > 0 else jnp.inf),
+        "grad_clip": f32(config.grad_clip if config.grad_clip > 0 else np.inf),
     }
 
 
