@@ -4,6 +4,9 @@
 # One model per inner attack, trained on WTQ dev questions outside the bundled sample (--heldout sample), each
 # exported and evaluated with generation on the sample's first order-free questions beside the base model, then one
 # report of paired differences. Every step resumes (orbax checkpoints, recorded attacks), so rerunning continues.
+# STEPS=100 steps of 4 is about one pass over the 400 training questions; under the constant schedule a run's
+# length may change on resume, so a rerun with a larger STEPS continues each model from its last checkpoint
+# (evaluate it into another OUT then: the eval folders name the model, not its step).
 #   DATA_DIR=<folder with wtq/dev.jsonl> BIN=.venv/bin OUT=docs/results/adversarial_training experiments/adversarial_training.sh
 set -euo pipefail
 BIN=${BIN:-.venv/bin}
@@ -11,7 +14,7 @@ OUT=${OUT:-docs/results/adversarial_training}
 RUNS=${RUNS:-results/adversarial_training}   # checkpoints and exported weights: large, kept out of docs/
 DATA_DIR=${DATA_DIR:?set DATA_DIR to the folder holding wtq/dev.jsonl (or a WikiTableQuestions checkout)}
 MODEL=${MODEL:-smollm2-135m-instruct}
-STEPS=${STEPS:-200}
+STEPS=${STEPS:-100}
 # random second: every model is compared with the base model and with random-order augmentation.
 MODES=${MODES:-random vanilla best_of_k@k=8 evolution atp_joint}
 SELECT=(--max_rows 12 --max_cols 8)
