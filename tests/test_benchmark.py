@@ -125,6 +125,11 @@ def test_training_step_variants_time_a_clean_and_an_adversarial_step(tmp_path):
     assert figures["train_attack"] == "atp_joint" and figures["train_lora_rank"] == 0
     assert figures["train_table"] == "3x2" and figures["train_batch_shape"].startswith("2x")
     assert "atp_step_median_s" not in figures  # only the variants asked for
+    # the adversarial step's peak is the larger of its two programs: ATP's (a backward per restart) and the step's
+    assert figures["inner_attack_device_peak_gb"] > figures["weights_gb"]
+    assert figures["adversarial_train_step_device_peak_gb"] == max(
+        figures["train_step_device_peak_gb"], figures["inner_attack_device_peak_gb"]
+    )
 
 
 def test_bad_training_flags_are_refused_before_the_model_loads():

@@ -413,10 +413,14 @@ def _train_variants(loaded, config) -> tuple[dict, dict, Callable[[], dict]]:
     the weights of its step. Each run returns the batch's loss, blocked on with the new state.
 
     Also returns figures (the batch's shape, the trainable parameters' size) and a function giving the compiled
-    training step's per-device memory on the clean batch from XLA's buffer assignment (``train_step_device_*``):
-    to be called after the timed runs, since JAX keeps the program it compiles and the first call would reuse it.
+    training step's per-device memory on the clean batch from XLA's buffer assignment (``train_step_device_*``)
+    and, for an ATP inner attack, its program's (``inner_attack_device_*``) and the adversarial step's peak (the
+    larger): to be called after the timed runs, since JAX keeps the program it compiles and the first call would
+    reuse it.
     """
+    from atp_jax.attack.atp import ATPConfig, lower_atp
     from atp_jax.attack.presets import canonical
+    from atp_jax.attack.problem import make_problem
     from atp_jax.inference.qa import prompt_ids
     from atp_jax.sharding import DATA, axis_size
     from atp_jax.tables.prompt import encode_text, reference_answer
@@ -478,7 +482,21 @@ def _train_variants(loaded, config) -> tuple[dict, dict, Callable[[], dict]]:
             step_config.lora,
             placement,
         ).compile()
-        return _compiled_memory("train_step", compiled, loaded)
+        figures = _compiled_memory("train_step", compiled, loaded)
+        # An adversarial step runs the inner attack's program, then the training step's, each holding the weights:
+        # its peak is the larger of the two. ATP's program is the one that can outgrow the step (a backward per
+        # restart); the searches' forwards are the scoring programs of inference.
+        if isinstance(attack_config, ATPConfig) and figures:
+            problem = make_problem(current, examples[0], config.style)
+            keys = place_batch(jax.random.split(jax.random.key(0), attack_config.restarts), loaded.mesh)
+            inner = _compiled_memory(
+                "inner_attack", lower_atp(current.model, problem.tensors, keys, attack_config).compile(), loaded
+            )
+            figures.update(inner)
+            figures["adversarial_train_step_device_peak_gb"] = max(
+                figures["train_step_device_peak_gb"], inner.get("inner_attack_device_peak_gb", 0.0)
+            )
+        return figures
 
     clean = batch(adversarial=False)
     figures = {
