@@ -25,10 +25,11 @@ EVAL=(--num_examples ${EVAL_N:-24} "${SELECT[@]}" --attacks vanilla,best_of_k,st
 
 "$BIN/atp-attack" --model "$MODEL" "${EVAL[@]}" --output_dir "$OUT/base"
 folders=$OUT/base
+# --remat: without it a batch of two long prompts keeps every layer's attention scores (11.7 GB at 135M).
 for mode in $MODES; do
   name=${mode//[@=,]/_}
   "$BIN/atp-train" --model "$MODEL" --dataset wtq --data_dir "$DATA_DIR" --num_examples ${TRAIN_N:-400} "${SELECT[@]}" \
-    --inner "$mode" --steps "$STEPS" --batch_size "$BATCH" --learning_rate 5e-5 --warmup_steps 10 \
+    --inner "$mode" --steps "$STEPS" --batch_size "$BATCH" --learning_rate 5e-5 --warmup_steps 10 --remat \
     --checkpoint_every 10 --output_dir "$RUNS/$name"
   mkdir -p "$OUT/$name" && cp "$RUNS/$name/train_log.jsonl" "$RUNS/$name/run.json" "$RUNS/$name/skipped.json" "$OUT/$name/"
   "$BIN/atp-attack" --model "$RUNS/$name/model" "${EVAL[@]}" --output_dir "$OUT/$name/eval"
