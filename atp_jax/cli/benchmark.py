@@ -123,16 +123,21 @@ def _weight_figures(loaded) -> dict:
 
 
 def _step_memory(loaded, problem, restarts: int) -> dict:
-    """Per-device memory of one ATP step with ``restarts`` restarts, from XLA's buffer assignment of the
-    compiled program (per device on a mesh): its arguments (weight shards, the example's tensors), outputs and
-    temporaries."""
-    from atp_jax.attack.atp import lower_atp
+    """Per-device memory of one ATP step with ``restarts`` restarts (``_atp_memory``)."""
     from atp_jax.attack.presets import preset
 
     cfg = dataclasses.replace(preset("paper"), n_attack=1, restarts=restarts)
-    keys = place_batch(jax.random.split(jax.random.key(0), restarts), loaded.mesh)
-    compiled = lower_atp(loaded.model, problem.tensors, keys, cfg).compile()
-    return _compiled_memory(f"atp_r{restarts}_step", compiled, loaded)
+    return _atp_memory(f"atp_r{restarts}_step", loaded, problem, cfg)
+
+
+def _atp_memory(prefix: str, loaded, problem, cfg) -> dict:
+    """Per-device memory of the ATP program ``cfg`` runs on ``problem``, from XLA's buffer assignment of the
+    compiled program (per device on a mesh): its arguments (weight shards, the example's tensors), outputs and
+    temporaries."""
+    from atp_jax.attack.atp import lower_atp
+
+    keys = place_batch(jax.random.split(jax.random.key(0), cfg.restarts), loaded.mesh)
+    return _compiled_memory(prefix, lower_atp(loaded.model, problem.tensors, keys, cfg).compile(), loaded)
 
 
 def _compiled_memory(prefix: str, compiled, loaded) -> dict:
@@ -418,7 +423,7 @@ def _train_variants(loaded, config) -> tuple[dict, dict, Callable[[], dict]]:
     larger): to be called after the timed runs, since JAX keeps the program it compiles and the first call would
     reuse it.
     """
-    from atp_jax.attack.atp import ATPConfig, lower_atp
+    from atp_jax.attack.atp import ATPConfig
     from atp_jax.attack.presets import canonical
     from atp_jax.attack.problem import make_problem
     from atp_jax.inference.qa import prompt_ids
@@ -488,10 +493,7 @@ def _train_variants(loaded, config) -> tuple[dict, dict, Callable[[], dict]]:
         # restart); the searches' forwards are the scoring programs of inference.
         if isinstance(attack_config, ATPConfig) and figures:
             problem = make_problem(current, examples[0], config.style)
-            keys = place_batch(jax.random.split(jax.random.key(0), attack_config.restarts), loaded.mesh)
-            inner = _compiled_memory(
-                "inner_attack", lower_atp(current.model, problem.tensors, keys, attack_config).compile(), loaded
-            )
+            inner = _atp_memory("inner_attack", current, problem, attack_config)
             figures.update(inner)
             figures["adversarial_train_step_device_peak_gb"] = max(
                 figures["train_step_device_peak_gb"], inner.get("inner_attack_device_peak_gb", 0.0)
