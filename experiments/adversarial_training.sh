@@ -32,7 +32,8 @@ for mode in $MODES; do
     --inner "$mode" --steps "$STEPS" --batch_size "$BATCH" --learning_rate 5e-5 --warmup_steps 10 --remat \
     --checkpoint_every 10 --output_dir "$RUNS/$name"
   mkdir -p "$OUT/$name" && cp "$RUNS/$name/train_log.jsonl" "$RUNS/$name/run.json" "$RUNS/$name/skipped.json" "$OUT/$name/"
-  "$BIN/atp-attack" --model "$RUNS/$name/model" "${EVAL[@]}" --output_dir "$OUT/$name/eval"
-  folders+=",$OUT/$name/eval"
+  # eval/<mode>: the report labels each model by its folder's name.
+  "$BIN/atp-attack" --model "$RUNS/$name/model" "${EVAL[@]}" --output_dir "$OUT/eval/$name"
+  folders+=",$OUT/eval/$name"
 done
 "$BIN/atp-report" --results "$folders" --robustness --robustness_references 2
