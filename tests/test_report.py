@@ -45,11 +45,10 @@ def rec(id_, attack, loss, **scores):
     }
 
 
-def make_folder(path, model, dataset, files, style="markdown"):
+def make_folder(path, model, dataset, files, style="markdown", sha=None):
     path.mkdir(parents=True)
-    (path / "run.json").write_text(
-        json.dumps({"model": model, "dataset": dataset, "style": {"linearization": style, "reasoning": "concise"}})
-    )
+    manifest = {"model": model, "dataset": dataset, "style": {"linearization": style, "reasoning": "concise"}}
+    (path / "run.json").write_text(json.dumps(manifest if sha is None else {**manifest, "model_sha256": sha}))
     for name, records in files.items():
         for r in records:
             append_record(path / name, r)
@@ -211,6 +210,20 @@ def test_folders_of_one_model_share_a_row_first_folder_wins(tmp_path, folders):
     assert wtq.models == ["m1"]
     # e1 from folder a (1), e2 0, e3 1, e5 0 (e1's duplicate in `extra` ignored).
     assert cell(wtq, "m1", "vanilla").mean == 0.5 and cell(wtq, "m1", "vanilla").n == 4
+
+
+def test_one_name_with_different_weights_gets_a_row_per_folder(tmp_path):
+    # Two fine-tunes exported as "model": the same name, different weights, the same question ids.
+    def folder(name, sha, accuracy):
+        records = {"results.jsonl": [rec("e1", "vanilla", 1.0, accuracy=accuracy)]}
+        return load_run(make_folder(tmp_path / name, "model", "wtq", records, sha=sha))
+
+    (table,) = score_tables([folder("random", "aa", 1.0), folder("clean", "bb", 0.0), folder("again", "aa", 0.0)])
+    assert table.models == ["model [random]", "model [clean]"]  # "again" holds random's weights: its row
+    assert cell(table, "model [clean]", "vanilla").mean == 0.0 and cell(table, "model [random]", "vanilla").mean == 1.0
+    # the same weights in two folders (a run resumed elsewhere) still share one row
+    (table,) = score_tables([folder("one", "aa", 1.0), folder("two", "aa", 0.0)])
+    assert table.models == ["model"] and cell(table, "model", "vanilla").n == 1
 
 
 def test_one_model_in_two_styles_gets_two_rows(tmp_path):

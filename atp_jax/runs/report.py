@@ -390,17 +390,32 @@ class ScoreTable:
 
 
 def _row_labels(runs: list[Run]) -> list[str]:
-    """Each run's row: its model; with the prompt style added when one model ran in several styles on
+    """Each run's row: its model; where runs name one model but recorded different weights (``model_sha256``:
+    say, fine-tunes each exported as ``model``), the name of the first folder holding those weights added, so
+    that different models never share a row; the prompt style added where one model ran in several styles on
     the same dataset (e.g. a transfer across styles), so those rows stay apart."""
 
     def style(run):
         s = run.manifest.get("style") or {}
         return f"{s.get('linearization', '?')}/{s.get('reasoning', '?')}"
 
-    styles = defaultdict(set)
+    first_folder = defaultdict(dict)  # model name -> weights' sha256 -> the first folder that recorded them
     for run in runs:
-        styles[(run.model, run.dataset)].add(style(run))
-    return [run.model if len(styles[(run.model, run.dataset)]) == 1 else f"{run.model} ({style(run)})" for run in runs]
+        if run.manifest.get("model_sha256"):  # records without it keep sharing their model's row
+            first_folder[run.model].setdefault(run.manifest["model_sha256"], run.folder.name)
+    models = [
+        f"{run.model} [{first_folder[run.model][run.manifest['model_sha256']]}]"
+        if len(first_folder[run.model]) > 1 and run.manifest.get("model_sha256")
+        else run.model
+        for run in runs
+    ]
+    styles = defaultdict(set)
+    for run, model in zip(runs, models):
+        styles[(model, run.dataset)].add(style(run))
+    return [
+        model if len(styles[(model, run.dataset)]) == 1 else f"{model} ({style(run)})"
+        for run, model in zip(runs, models)
+    ]
 
 
 def score_tables(
