@@ -18,7 +18,7 @@ DATA_DIR=${DATA_DIR:?set DATA_DIR to the folder holding wtq/dev.jsonl (or a Wiki
 MODEL=${MODEL:-smollm2-135m-instruct}
 STEPS=${STEPS:-100}
 BATCH=${BATCH:-2}
-# random second: every model is compared with the base model and with random-order augmentation.
+# random, vanilla first: each model is set against the base, order augmentation and clean tuning
 MODES=${MODES:-random vanilla best_of_k@k=8 evolution@population=2,generations=3 atp_joint@restarts=1}
 SELECT=(--max_rows 12 --max_cols 8)
 EVAL=(--num_examples ${EVAL_N:-24} "${SELECT[@]}" --attacks vanilla,best_of_k,strongest)
@@ -36,4 +36,4 @@ for mode in $MODES; do
   "$BIN/atp-attack" --model "$RUNS/$name/model" "${EVAL[@]}" --output_dir "$OUT/eval/$name"
   folders+=",$OUT/eval/$name"
 done
-"$BIN/atp-report" --results "$folders" --robustness --robustness_references 2
+"$BIN/atp-report" --results "$folders" --robustness --robustness_references 3
