@@ -212,7 +212,7 @@ def test_folders_of_one_model_share_a_row_first_folder_wins(tmp_path, folders):
     assert cell(wtq, "m1", "vanilla").mean == 0.5 and cell(wtq, "m1", "vanilla").n == 4
 
 
-def test_one_name_with_different_weights_gets_a_row_per_folder(tmp_path):
+def test_one_name_with_different_weights_gets_a_row_per_weights(tmp_path):
     # Two fine-tunes exported as "model": the same name, different weights, the same question ids.
     def folder(name, sha, accuracy):
         records = {"results.jsonl": [rec("e1", "vanilla", 1.0, accuracy=accuracy)]}
@@ -224,6 +224,23 @@ def test_one_name_with_different_weights_gets_a_row_per_folder(tmp_path):
     # the same weights in two folders (a run resumed elsewhere) still share one row
     (table,) = score_tables([folder("one", "aa", 1.0), folder("two", "aa", 0.0)])
     assert table.models == ["model"] and cell(table, "model", "vanilla").n == 1
+    # different weights in folders of one name (random/eval, clean/eval): told apart by their hashes
+    a = load_run(
+        make_folder(
+            tmp_path / "r" / "eval", "model", "wtq", {"results.jsonl": [rec("e1", "vanilla", 1.0)]}, sha="a" * 64
+        )
+    )
+    b = load_run(
+        make_folder(
+            tmp_path / "c" / "eval", "model", "wtq", {"results.jsonl": [rec("e1", "vanilla", 1.0)]}, sha="b" * 64
+        )
+    )
+    (table,) = score_tables([a, b])
+    assert table.models == [f"model [{'a' * 12}]", f"model [{'b' * 12}]"]
+    # a folder without a recorded hash keeps the plain name beside them
+    plain = load_run(make_folder(tmp_path / "old", "model", "wtq", {"results.jsonl": [rec("e2", "vanilla", 1.0)]}))
+    (table,) = score_tables([a, b, plain])
+    assert table.models == [f"model [{'a' * 12}]", f"model [{'b' * 12}]", "model"]
 
 
 def test_one_model_in_two_styles_gets_two_rows(tmp_path):

@@ -391,24 +391,27 @@ class ScoreTable:
 
 def _row_labels(runs: list[Run]) -> list[str]:
     """Each run's row: its model; where runs name one model but recorded different weights (``model_sha256``:
-    say, fine-tunes each exported as ``model``), the name of the first folder holding those weights added, so
-    that different models never share a row; the prompt style added where one model ran in several styles on
-    the same dataset (e.g. a transfer across styles), so those rows stay apart."""
+    say, fine-tunes each exported as ``model``), the name of the first folder holding those weights added (or
+    the hash's first 12 digits where those folders share a name), so that different models never share a row;
+    the prompt style added where one model ran in several styles on the same dataset (e.g. a transfer across
+    styles), so those rows stay apart."""
 
     def style(run):
         s = run.manifest.get("style") or {}
         return f"{s.get('linearization', '?')}/{s.get('reasoning', '?')}"
 
-    first_folder = defaultdict(dict)  # model name -> weights' sha256 -> the first folder that recorded them
+    def weights(run):
+        return run.manifest.get("model_sha256")  # runs without it keep sharing their model's row
+
+    tags = defaultdict(dict)  # model name -> weights' sha256 -> the first folder's name that recorded them
     for run in runs:
-        if run.manifest.get("model_sha256"):  # records without it keep sharing their model's row
-            first_folder[run.model].setdefault(run.manifest["model_sha256"], run.folder.name)
-    models = [
-        f"{run.model} [{first_folder[run.model][run.manifest['model_sha256']]}]"
-        if len(first_folder[run.model]) > 1 and run.manifest.get("model_sha256")
-        else run.model
-        for run in runs
-    ]
+        if weights(run):
+            tags[run.model].setdefault(weights(run), run.folder.name)
+    for model, by_weights in tags.items():
+        if len(set(by_weights.values())) < len(by_weights):  # folders of one name (say, */eval): the hashes
+            tags[model] = {sha: sha[:12] for sha in by_weights}
+    tagged = [tags[run.model].get(weights(run)) if len(tags[run.model]) > 1 else None for run in runs]
+    models = [run.model if tag is None else f"{run.model} [{tag}]" for run, tag in zip(runs, tagged)]
     styles = defaultdict(set)
     for run, model in zip(runs, models):
         styles[(model, run.dataset)].add(style(run))
