@@ -184,6 +184,13 @@ def _chat_body(content):
     return json.dumps({"choices": [{"message": {"role": "assistant", "content": content}}]}).encode()
 
 
+class _RoomyHTTPServer(ThreadingHTTPServer):
+    # socketserver's listen backlog is 5. A batch opens one connection per item at once; on a loaded machine
+    # the accept loop falls behind, the kernel drops the surplus SYNs, and the client's attempt times out
+    # before the server ever sees it, so the server counts fewer requests than the client made.
+    request_queue_size = 128
+
+
 class _Server:
     """A chat-completions server on 127.0.0.1 whose behaviour is scripted per request.
 
@@ -266,7 +273,7 @@ class _Server:
             def log_message(self, *args):
                 pass
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd = _RoomyHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
