@@ -79,3 +79,34 @@ def test_an_attack_on_a_new_bucket_compiles_only_named_programs(tiny_llama, capl
     assert names, "a new bucket must compile the attack's programs"  # the check sees compiles at all
     eager = [n for n in names if n in {"jit(stage)", "jit(convert_element_type)", "jit(broadcast_in_dim)"}]
     assert not eager, f"eager programs compiled for a new bucket: {names}"
+
+
+def test_atp_start_program_is_shared_by_buckets_of_one_table_size(tiny_llama, caplog):
+    """ATP's start θ (random-number kernels) is a program of its own that depends on the padded table size
+    only: a question whose prompt length falls in a new bucket but whose table pads to the same rows and
+    columns compiles ATP's optimisation program again and not the start program."""
+    from atp_jax.attack.presets import preset
+    from atp_jax.attack.run import attack
+    from atp_jax.tables.table import Example, Table
+
+    loaded = tiny_llama()
+
+    def example(cell: str, name: str) -> Example:
+        rows = [[f"{cell}{i}{j}" for j in range(3)] for i in range(4)]
+        return Example("Which row comes first?", Table(["a", "b", "c"], rows), ["x"], name, dataset="wtq")
+
+    config = preset("atp_joint", n_attack=2, restarts=3)  # restarts no other test uses: nothing compiled yet
+    compiled = []
+    jax.config.update("jax_log_compiles", True)
+    try:
+        for cell, name in (("v", "short"), ("a much longer cell value, many tokens ", "long")):
+            caplog.clear()
+            with caplog.at_level(logging.WARNING, logger="jax"):
+                attack(loaded, example(cell, name), config)
+            compiled.append(_compiled_names(caplog.records))
+    finally:
+        jax.config.update("jax_log_compiles", False)
+    first, second = compiled
+    assert "jit(_run_atp)" in first and "jit(_start_thetas)" in first, first
+    assert "jit(_run_atp)" in second, second  # a new bucket
+    assert "jit(_start_thetas)" not in second, second

@@ -143,6 +143,28 @@ def _init_thetas(key, n: int, m: int, sizes, s: dict):
     return {"row": thetas[0, :n, :n], "col": thetas[1, :m, :m]}
 
 
+_INIT_SETTINGS = ("init", "init_scale", "init_noise")
+
+
+@functools.partial(jax.jit, static_argnames=("n", "m"))
+def _start_thetas(keys, n_rows, n_cols, s: dict, *, n: int, m: int):
+    """Every restart's θ at step 0, ``{"row": [R, n, n], "col": [R, m, m]}``, from ``keys`` ``[R]``.
+
+    A program of its own rather than part of ``_run_atp``: the random-number kernels (threefry, the normal's
+    inverse error function, the start order's sort) are a quarter of that program's instructions, and here they
+    depend on the padded table size and the restarts only, so every prompt-length bucket of one table size
+    shares one compile, which the persistent cache keeps (``_run_atp``'s host callback keeps it out)."""
+    sizes = jnp.stack([n_rows, n_cols])
+    return jax.vmap(lambda key: _init_thetas(key, n, m, sizes, s))(keys)
+
+
+def start_thetas(t: ProblemTensors, keys, cfg: ATPConfig) -> dict:
+    """``_start_thetas`` for this problem's padded sizes (what ``_run_atp`` takes as ``thetas``)."""
+    s = _settings(cfg)
+    n, m = t.cell_embeds.shape[0] - 1, t.cell_embeds.shape[1]
+    return _start_thetas(keys, t.n_rows, t.n_cols, {k: s[k] for k in _INIT_SETTINGS}, n=n, m=m)
+
+
 def _steer(grads, direction, key, sizes):
     """A control for the gradient ``{"row": [n, n], "col": [m, m]}``: reversed (``direction`` 1), or a random
     direction of the same norm per matrix (2), drawn over each matrix's real block (``sizes``, the same tree as
@@ -182,7 +204,7 @@ def _relax(theta_row, theta_col, sizes, enabled, s: dict, sinkhorn_iters: int, h
 
 
 def run_atp(model: Transformer, t: ProblemTensors, keys, cfg: ATPConfig):
-    """All restarts of one ATP run. ``keys`` ``[R, 2]``.
+    """All restarts of one ATP run. ``keys`` ``[R]``.
 
     Returns (trace, final_row_perms ``[R, N1-1]``, final_col_perms ``[R, M]``), orders padded to the bucket
     (the pads fixed: the real orders are the first n / m entries); trace fields are ``[R, n_attack, ...]``:
@@ -190,15 +212,16 @@ def run_atp(model: Transformer, t: ProblemTensors, keys, cfg: ATPConfig):
     One compile per shape bucket, step count, Sinkhorn sweeps, objective, Hungarian backend, positions and
     whether the direction is a control; every other setting is a value (see ``_settings``).
     """
-    return _run_atp(model, t, keys, _settings(cfg), **_static(cfg))
+    return _run_atp(model, t, keys, start_thetas(t, keys, cfg), _settings(cfg), **_static(cfg))
 
 
 def lower_atp(model: Transformer, t: ProblemTensors, keys, cfg: ATPConfig, fresh: bool = False):
-    """``run_atp``'s program for these shapes, lowered (``.compile()`` it; its ``memory_analysis()`` sizes a step).
-    ``fresh`` drops the programs already traced, so that lowering and compiling are done anew (for timing)."""
+    """``run_atp``'s optimisation program for these shapes, lowered (``.compile()`` it; its ``memory_analysis()``
+    sizes a step); the start θ's small program (``_start_thetas``) is run, not lowered. ``fresh`` drops the
+    programs already traced, so that lowering and compiling are done anew (for timing)."""
     if fresh:
         _run_atp.clear_cache()
-    return _run_atp.lower(model, t, keys, _settings(cfg), **_static(cfg))
+    return _run_atp.lower(model, t, keys, start_thetas(t, keys, cfg), _settings(cfg), **_static(cfg))
 
 
 def _static(cfg: ATPConfig) -> dict:
@@ -224,6 +247,7 @@ def _run_atp(
     model: Transformer,
     t: ProblemTensors,
     keys,
+    thetas: dict,
     s: dict,
     *,
     n_attack: int,
@@ -233,8 +257,7 @@ def _run_atp(
     positions: str,
     steer: bool,
 ):
-    n, m = t.cell_embeds.shape[0] - 1, t.cell_embeds.shape[1]  # padded sizes; the real ones are t.n_rows, t.n_cols
-    sizes = {"row": t.n_rows, "col": t.n_cols}
+    sizes = {"row": t.n_rows, "col": t.n_cols}  # real sizes; the arrays have the bucket's
     optimizer = optax.adam(s["lr"])
     relaxed_sizes, relaxed_on = jnp.stack([t.n_rows, t.n_cols]), jnp.stack([s["rows_on"], s["cols_on"]])
 
@@ -255,9 +278,7 @@ def _run_atp(
         aux = {"loss": loss, "entropy_row": h_r, "entropy_col": h_c, "row_perm": row_perm, "col_perm": col_perm}
         return value, aux
 
-    def one_restart(key):
-        params = _init_thetas(key, n, m, relaxed_sizes, s)
-
+    def one_restart(key, params):
         def step(carry, i):
             params, opt_state = carry
             (value, aux), grads = jax.value_and_grad(objective_fn, has_aux=True)(params, i)
@@ -271,7 +292,7 @@ def _run_atp(
         _, _, final_r, final_c = relax(params)
         return trace, final_r, final_c
 
-    return jax.vmap(one_restart)(keys)
+    return jax.vmap(one_restart)(keys, thetas)
 
 
 def atp_attack(evaluator: Evaluator, cfg: ATPConfig, rng: np.random.Generator | None = None) -> AttackResult:
@@ -281,7 +302,8 @@ def atp_attack(evaluator: Evaluator, cfg: ATPConfig, rng: np.random.Generator | 
     del rng
     keys = jax.random.split(jax.random.key(cfg.seed), cfg.restarts)
     keys = place_batch(keys, evaluator.loaded.mesh)  # restarts split over the mesh's data axis
-    trace, final_r, final_c = evaluator.compute(_run_atp, keys, _settings(cfg), **_static(cfg))
+    thetas = start_thetas(evaluator.problem.tensors, keys, cfg)
+    trace, final_r, final_c = evaluator.compute(_run_atp, keys, thetas, _settings(cfg), **_static(cfg))
     trace = jax.tree.map(np.asarray, trace)
     n, m = evaluator.problem.n_rows, evaluator.problem.n_cols  # the real orders: the pads come after them
     trace["row_perm"], trace["col_perm"] = trace["row_perm"][..., :n], trace["col_perm"][..., :m]
