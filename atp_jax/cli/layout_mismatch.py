@@ -12,7 +12,7 @@ and, for permuted mismatches, the token-length difference and the share of diffe
 (tokens in regions that differ, aligning both lists at shared byte offsets). Mismatching cells are located
 and shown for the styles in ``--show_styles``.
 
-  atp-layout-mismatch --data_dir /work/shared/data --json_out /tmp/mismatch.json
+  atp-layout-mismatch --data_dir data --json_out mismatch.json
 """
 
 from __future__ import annotations
