@@ -30,17 +30,21 @@ if step 2; then
   done
 fi
 
-# 3. The paper's table on the victim, in the order the question needs it. (a) Losses only: vanilla, best-of-64
-#    (its 64 recorded order losses give best-of-j at every budget j ≤ 64, so every searching attack meets
-#    sampling at its own compute), the engineered ATP and its reversed control, E-Search (`strongest`'s
-#    configuration, recorded under the name it has in the stronger-attacks folders so that `--choose_strongest`
-#    pairs them) and the paper's recipe. (b) The answers generated under vanilla's, E-Search's and atp_joint's
-#    orders, replayed from (a)'s records. --remat: ATP's 4-restart backward would otherwise keep every layer's
-#    attention scores (11 GB already at 135M on a 12 x 8 table).
-ATTACKS=${ATTACKS:-vanilla,evolution,best_of_k@k=64,atp_joint,atp_st_reversed,paper}
+# 3. The paper's table on the victim, in the order the question needs it. (a) Losses only, first the attacks that
+#    answer it on every question: vanilla, best-of-64 (its 64 recorded order losses give best-of-j at every budget
+#    j <= 64, so every searching attack meets sampling at its own compute), the engineered ATP and E-Search
+#    (`strongest`'s configuration, recorded under the name it has in the stronger-attacks folders so that
+#    `--choose_strongest` pairs them); then the controls in the same folder: ATP's reversed control and the paper's
+#    recipe (a folder takes added attacks on the same examples, so the passes share one table). (b) The answers
+#    generated under vanilla's, E-Search's and atp_joint's orders, replayed from (a)'s records. --remat: ATP's
+#    4-restart backward would otherwise keep every layer's attention scores (11 GB already at 135M on a 12 x 8 table).
+ATTACKS=${ATTACKS:-vanilla,evolution,best_of_k@k=64,atp_joint}
+CONTROLS=${CONTROLS:-atp_st_reversed,paper}
 if step 3; then
-  "$BIN/atp-attack" --model "$VICTIM" "${SELECT[@]}" "${CPU_SHAPES[@]}" --remat --nogenerate \
-    --attacks "$ATTACKS" --output_dir "$OUT/${VICTIM}_attacks"
+  for attacks in "$ATTACKS" "$CONTROLS"; do
+    "$BIN/atp-attack" --model "$VICTIM" "${SELECT[@]}" "${CPU_SHAPES[@]}" --remat --nogenerate \
+      --attacks "$attacks" --output_dir "$OUT/${VICTIM}_attacks"
+  done
   "$BIN/atp-transfer" --results "$OUT/${VICTIM}_attacks" --model "$VICTIM" --generate \
     --attacks vanilla,evolution,atp_joint --output_dir "$OUT/${VICTIM}_answers"
 fi
