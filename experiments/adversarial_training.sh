@@ -21,7 +21,10 @@ BATCH=${BATCH:-2}
 # random, vanilla first: each model is set against the base, order augmentation and clean tuning
 MODES=${MODES:-random vanilla best_of_k@k=8 evolution@population=2,generations=3 atp_joint@restarts=1}
 SELECT=(--max_rows 12 --max_cols 8)
-EVAL=(--num_examples ${EVAL_N:-24} "${SELECT[@]}" --attacks vanilla,best_of_k,strongest)
+# Two sampling attacks (best-of-20, E-Search) and the gradient one (ATP's engineered recipe), so that a model trained
+# against sampled orders is also attacked by a search it never saw; --remat for ATP's 4-restart backward. Attacks
+# added here later are added to the finished folders on the next run (a folder takes new attacks on its questions).
+EVAL=(--num_examples ${EVAL_N:-24} "${SELECT[@]}" --attacks vanilla,best_of_k,strongest,atp_joint --remat)
 
 "$BIN/atp-attack" --model "$MODEL" "${EVAL[@]}" --output_dir "$OUT/base"
 folders=$OUT/base
