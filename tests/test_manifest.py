@@ -61,6 +61,28 @@ def test_attacks_may_be_added_but_never_redefined(tmp_path):
         folder.begin(IDENTITY, {"best_of_k": {"method": "best_of_k", "k": 5}}, {"argv": ["third"]})
 
 
+def test_a_resume_records_its_session_only_once_it_writes_a_record(tmp_path):
+    folder = _folder_with_a_record(tmp_path)
+    before = folder.manifest_file.read_bytes()
+    resumed = ResultsFolder(tmp_path / "run")
+    resumed.begin(IDENTITY, ATTACKS, {"argv": ["second"]}, flags_text="--seed=0\n")
+    assert folder.manifest_file.read_bytes() == before and not folder.flags_file.exists()  # nothing new yet
+    resumed.append({"id": "e2", "attack": "vanilla", "answer_loss": 2.0})
+    manifest = json.loads(folder.manifest_file.read_text())
+    assert [s["argv"] for s in manifest["provenance"]] == [["first"], ["second"]]
+    assert folder.flags_file.read_text() == "--seed=0\n"
+    resumed.append({"id": "e3", "attack": "vanilla", "answer_loss": 3.0})
+    assert len(json.loads(folder.manifest_file.read_text())["provenance"]) == 2  # once per session
+
+
+def test_a_session_that_adds_an_attack_records_itself_at_once(tmp_path):
+    _folder_with_a_record(tmp_path)
+    more = {**ATTACKS, "row_reverse": {"method": "row_reverse", "mode": "joint"}}
+    ResultsFolder(tmp_path / "run").begin(IDENTITY, more, {"argv": ["second"]})
+    manifest = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert set(manifest["attacks"]) == set(more) and len(manifest["provenance"]) == 2
+
+
 def test_a_field_added_to_a_method_since_resumes_only_at_its_default(tmp_path):
     from atp_jax.attack.presets import preset
 
@@ -139,8 +161,10 @@ def test_the_binary_refuses_a_mixed_resume_and_replays_its_flagfile(tiny_checkpo
     ):
         refused = _run([*base, *change, "--output_dir", str(out)])
         assert refused.returncode != 0 and named in refused.stderr and "--restart" in refused.stderr, refused.stderr
+    written = {name: (out / name).read_bytes() for name in ("run.json", "flags.txt", "results.jsonl")}
     again = _run([*base, "--output_dir", str(out)])
     assert "1 examples x 3 attacks: 3 recorded, 0 to run" in again.stdout
+    assert {name: (out / name).read_bytes() for name in written} == written  # a rerun with nothing to do
     replay = _run(["--flagfile", str(out / "flags.txt"), "--output_dir", str(tmp_path / "replay")])
     assert replay.returncode == 0, replay.stderr[-3000:]
     assert _records(tmp_path / "replay") == _records(out)

@@ -49,10 +49,15 @@ def test_train_exports_resumes_and_refuses_other_settings(tiny_checkpoint, tmp_p
     loaded = load_model(out / "model")
     assert loaded.config.num_layers == 2 and loaded.tokenizer is not None
 
+    assert len(manifest["provenance"]) == 1
     again = run_binary("train", [*args, "--output_dir", out])
     assert again.returncode == 0, again.stderr[-3000:]
     assert "(2 resumed)" in again.stdout
     assert len((out / "train_log.jsonl").read_text().splitlines()) == 2  # nothing trained twice
+    assert json.loads((out / "run.json").read_text()) == manifest  # nor a session recorded that trained nothing
+    longer = run_binary("train", [*args, "--steps", "3", "--output_dir", out])  # the last --steps holds
+    assert longer.returncode == 0, longer.stderr[-3000:]
+    assert len(json.loads((out / "run.json").read_text())["provenance"]) == 2  # this one trained step 3
 
     other = run_binary("train", [*args[:-3], "--learning_rate", "1e-2", "--nocompilation_cache", "--output_dir", out])
     assert other.returncode != 0

@@ -36,7 +36,7 @@ from atp_jax.tables.linearize import STYLES
 from atp_jax.tables.prompt import PromptStyle
 from atp_jax.train.lora import KERNELS
 from atp_jax.train.step import SCHEDULES
-from atp_jax.train.trainer import TrainConfig, export, train
+from atp_jax.train.trainer import TrainConfig, checkpointed_step, export, train
 
 selection.define_flags(num_examples=0, sharding=False)
 selection.define_run_flags(model=DEFAULT_MODEL, output_dir="results/train", memory_budget=False)
@@ -124,13 +124,15 @@ def main(argv):
     examples, held = _training_examples()
     identity = {"training": config.identity(), "heldout": FLAGS.heldout}
     inner = canonical(config.attack)
-    selection.open_folder(identity, {inner: dataclasses.asdict(config.attack_config)}, len(examples))
+    folder = selection.open_folder(identity, {inner: dataclasses.asdict(config.attack_config)}, len(examples))
+    output = Path(FLAGS.output_dir)
+    if checkpointed_step(output, config) < config.steps:
+        folder.record_session()  # steps will run: this session is part of what made the weights
     model = model_flags.load_model_from_flags(mesh=mesh)
     print(
         f"training {model.name} on {len(examples)} questions ({held} held out), inner attack {inner}, "
         f"{config.steps} steps of {config.batch_size}"
     )
-    output = Path(FLAGS.output_dir)
     try:
         result = train(model, examples, config, output)
     except FloatingPointError as e:

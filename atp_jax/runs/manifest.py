@@ -11,7 +11,8 @@ the metrics, … — and a resume whose identity differs is refused: its records
 ``attacks`` maps each recorded attack spec to its full configuration; a spec may be added to a folder
 (more attacks on the same examples), never redefined. ``provenance`` lists, per session that wrote to
 the folder, the package versions that shape a number, the git revision and the command line: recorded,
-not compared, so a resume after an upgrade is allowed and visible.
+not compared, so a resume after an upgrade is allowed and visible. A session that adds nothing to the manifest
+records itself with its first record, so a rerun that finds every record done leaves the folder as it was.
 """
 
 from __future__ import annotations
@@ -126,6 +127,8 @@ class ResultsFolder:
     process_index: int = 0
     process_count: int = 1
     records: str = "results"  # the records' file stem: ``results`` for attacks, ``pairs`` for diagnoses
+    # The manifest and flags ``begin`` held back until the session writes something (see ``record_session``).
+    _pending: dict = dataclasses.field(default_factory=dict, init=False, repr=False, compare=False)
 
     def _name(self, stem: str, suffix: str) -> Path:
         shard = "" if self.process_count == 1 else f".shard{self.process_index}"
@@ -183,6 +186,10 @@ class ResultsFolder:
     ) -> dict:
         """Checks this run against the folder's manifest and writes the merged manifest (and flags).
 
+        When the folder's manifest already says everything but this session's provenance (a resume with nothing
+        new), the write waits for ``record_session`` — which ``append`` calls before the first record — so a
+        session that writes no record leaves the folder untouched.
+
         Raises ``ManifestMismatch`` naming each difference and the two ways out (a new folder, or
         ``restart=True``, which sets the old records and manifest aside under a ``.replaced-<time>``
         suffix — they are never deleted) when the folder holds records of another identity, or an attack
@@ -210,12 +217,26 @@ class ResultsFolder:
             "process_count": self.process_count,
             "provenance": [*(old or {}).get("provenance", []), session],
         }
+        self._pending.clear()
+        if old is not None and _without_provenance(old) == _without_provenance(manifest):
+            self._pending.update(manifest=manifest, flags_text=flags_text)
+        else:
+            self._write(manifest, flags_text)
+        return manifest
+
+    def record_session(self) -> None:
+        """Writes the manifest ``begin`` held back (this session's provenance, and its flags); a no-op otherwise.
+        Call it when a session does work that is not a record (training steps); ``append`` calls it itself."""
+        if self._pending:
+            manifest, flags_text = self._pending.pop("manifest"), self._pending.pop("flags_text")
+            self._write(manifest, flags_text)
+
+    def _write(self, manifest: dict, flags_text: str | None) -> None:
         tmp = self.manifest_file.with_name(self.manifest_file.name + ".tmp")
         tmp.write_text(json.dumps(manifest, indent=2))
         os.replace(tmp, self.manifest_file)  # a killed start leaves the old manifest or the new one
         if flags_text is not None:
             self.flags_file.write_text(flags_text)
-        return manifest
 
     def _check(self, old: dict | None, identity: dict, attacks: Mapping[str, dict]) -> None:
         fix = (
@@ -249,7 +270,13 @@ class ResultsFolder:
 
     def append(self, record) -> None:
         """Appends one record (an ``AttackRecord``/``SkipRecord`` or a plain dict) atomically."""
+        self.record_session()
         append_record(self.results_file, record)
+
+
+def _without_provenance(manifest: Mapping) -> dict:
+    # Through JSON, as the folder's copy was: a tuple here is the list there.
+    return json.loads(json.dumps({key: value for key, value in manifest.items() if key != "provenance"}))
 
 
 def same_attack_config(recorded: Mapping, current: Mapping) -> bool:

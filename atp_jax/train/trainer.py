@@ -442,6 +442,17 @@ def _abstract(leaf):
     return ocp.utils.to_shape_dtype_struct(leaf) if isinstance(leaf, jax.Array) else leaf
 
 
+def checkpointed_step(output_dir: str | os.PathLike, config: TrainConfig) -> int:
+    """The step of ``output_dir``'s latest checkpoint, 0 when it has none: ``train`` resumes after it."""
+    if not (Path(output_dir) / CHECKPOINTS).is_dir():
+        return 0
+    manager = _checkpoints(Path(output_dir), config)
+    try:
+        return manager.latest_step() or 0
+    finally:
+        manager.close()
+
+
 def _checkpoints(output: Path, config: TrainConfig) -> ocp.CheckpointManager:
     # Synchronous saves: a step's checkpoint is on disk before the next step starts, so a kill loses at most the
     # steps since the last one. An interrupted save leaves a temporary folder that orbax never lists as a step.
